@@ -1,0 +1,106 @@
+/**
+ * CRC-32 and ICRC micro-benchmarks: throughput of each CRC-32 implementation at 256 B … 64 KiB, and the
+ * per-packet cost of the ICRC at path MTU 1024 and 4096 (send-side compute, strict check, and the extra
+ * cost of IPv4 IP-ID recovery). Run: `node dist/bench/crc.bench.js [--quick]`.
+ */
+import { pathToFileURL } from 'node:url';
+import { crc32, crc32Implementations, crc32Name } from '../src/wire/crc32.js';
+import {
+  checkIcrc,
+  checkIcrcOfIpDatagram,
+  icrcOfParts,
+  icrcOfUdpPayload,
+  writeIcrc,
+  type UdpDatagramInfo,
+} from '../src/wire/icrc.js';
+import { formatRows, measure, measureInterleaved, ratioToBest, type BenchRow, type MeasureOptions } from './harness.js';
+
+const SIZES = [256, 1024, 4096, 65536] as const;
+
+function filled(n: number, seed: number): Uint8Array {
+  // 0xa5-style deterministic content; CRC speed does not depend on the bytes.
+  const b = new Uint8Array(n);
+  let s = seed;
+  for (let i = 0; i < n; i++) {
+    s = (s * 1103515245 + 12345) >>> 0;
+    b[i] = s >>> 24;
+  }
+  return b;
+}
+
+function crcRows(m: MeasureOptions): BenchRow[] {
+  const rows: BenchRow[] = [];
+  // One byte into a larger buffer, so that every implementation reads an unaligned view, as it does
+  // with payload views on the receive path.
+  const big = filled(65536 + 1, 1);
+  for (const size of SIZES) {
+    const data = big.subarray(1, 1 + size);
+    const group: BenchRow[] = [];
+    for (const { name, fn } of crc32Implementations) {
+      const r = measure(() => fn(data), m);
+      group.push({ name: `crc32 ${name} ${size} B`, value: size / r.nsPerOp, unit: 'GB/s' });
+    }
+    rows.push(...ratioToBest(group, true));
+  }
+  return rows;
+}
+
+function icrcRows(m: MeasureOptions): BenchRow[] {
+  const rows: BenchRow[] = [];
+  for (const mtu of [1024, 4096]) {
+    // A full RC SEND_MIDDLE: BTH, MTU bytes of payload, ICRC; rxe-like IPv4 header with ID 0x24b0, DF.
+    const udpLen = 12 + mtu + 4;
+    const ip = new Uint8Array(20 + 8 + udpLen);
+    ip.set([0x45, 0, (ip.length >>> 8) & 0xff, ip.length & 0xff, 0x24, 0xb0, 0x40, 0, 64, 17, 0, 0, 10, 77, 0, 2, 10, 77, 0, 3]);
+    ip.set([0xc1, 0x32, 0x12, 0xb7, (8 + udpLen) >>> 8, (8 + udpLen) & 0xff, 0, 0], 20);
+    ip.set([0x01, 0x00, 0xff, 0xff, 0x00, 0x00, 0x00, 0x12, 0x00, 0x5d, 0x29, 0x0a], 28);
+    ip.set(filled(mtu, mtu), 40);
+    const payload = ip.subarray(28);
+    const socket: UdpDatagramInfo = { family: 4, srcAddr: ip.subarray(12, 16), dstAddr: ip.subarray(16, 20), srcPort: 0xc132, dstPort: 4791 };
+    const known: UdpDatagramInfo = { ...socket, ipId: 0x24b0, ipFlagsFrag: 0x4000 };
+    writeIcrc(payload, icrcOfUdpPayload(known, payload));
+    if (checkIcrc(socket, payload, 'recover').status !== 'ok-recovered') throw new Error('bench packet does not verify');
+    const parts = [payload.subarray(0, 12), payload.subarray(12, 12 + mtu)];
+    const six: UdpDatagramInfo = { family: 6, srcAddr: filled(16, 6), dstAddr: filled(16, 7), srcPort: 0xc121, dstPort: 4791 };
+
+    const covered = 8 + 20 + 8 + udpLen - 4;
+    const plain = filled(covered, 9);
+    const base = measure(() => crc32(plain), m).nsPerOp;
+    const compute = measure(() => icrcOfUdpPayload(known, payload), m).nsPerOp;
+    const partsNs = measure(() => icrcOfParts(known, parts, udpLen), m).nsPerOp;
+    const strict6 = measure(() => checkIcrc(six, payload, 'strict').value, m).nsPerOp;
+    const datagram = measure(() => (checkIcrcOfIpDatagram(ip).status === 'ok' ? 1 : 0), m).nsPerOp;
+    // Strict with the right ID vs recover with the ID hidden: the same CRC work plus the recovery step.
+    const pair = measureInterleaved(
+      [() => (checkIcrc(known, payload, 'strict').status === 'ok' ? 1 : 0), () => (checkIcrc(socket, payload, 'recover').status === 'ok-recovered' ? 1 : 0)],
+      { ...m, samples: (m.samples ?? 15) * 2 + 1 },
+    );
+    const strict = pair.nsPerOp[0]!;
+    const recover = pair.nsPerOp[1]!;
+    const group: BenchRow[] = [
+      { name: `MTU ${mtu}: crc32 (${crc32Name}) of the ${covered} covered bytes`, value: base, unit: 'ns/pkt' },
+      { name: `MTU ${mtu}: icrcOfUdpPayload (send)`, value: compute, unit: 'ns/pkt' },
+      { name: `MTU ${mtu}: icrcOfParts [bth, payload] (send)`, value: partsNs, unit: 'ns/pkt' },
+      { name: `MTU ${mtu}: checkIcrc strict IPv4`, value: strict, unit: 'ns/pkt' },
+      { name: `MTU ${mtu}: checkIcrc strict IPv6`, value: strict6, unit: 'ns/pkt' },
+      { name: `MTU ${mtu}: checkIcrcOfIpDatagram`, value: datagram, unit: 'ns/pkt' },
+      { name: `MTU ${mtu}: checkIcrc recover (ID recovered)`, value: recover, unit: 'ns/pkt' },
+    ];
+    rows.push(...group.map((r) => ({ ...r, baseline: group[0]!.name, ratio: r.value / base })));
+    rows.push({ name: `MTU ${mtu}: recover extra over strict (paired median)`, value: pair.diffToFirst[1]!, unit: 'ns/pkt' });
+    rows.push({ name: `MTU ${mtu}: strict check rate`, value: 1e3 / strict, unit: 'Mpkt/s' });
+  }
+  return rows;
+}
+
+/** Entry point for the bench runner. `quick` trades precision for a run of a few seconds. */
+export async function run(opts: { quick: boolean }): Promise<BenchRow[]> {
+  const m: MeasureOptions = opts.quick ? { warmupMs: 30, samples: 5, sampleMs: 5 } : { warmupMs: 200, samples: 15, sampleMs: 20 };
+  return [...crcRows(m), ...icrcRows(m)];
+}
+
+if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(process.argv[1]).href) {
+  const rows = await run({ quick: process.argv.includes('--quick') });
+  console.log(`node ${process.version}, crc32 = ${crc32Name}`);
+  console.log(formatRows(rows));
+}

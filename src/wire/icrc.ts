@@ -1,0 +1,470 @@
+/**
+ * The RoCEv2 Invariant CRC (ICRC).
+ *
+ * Read first: IBTA Vol. 1 §7.8.1 (ICRC) and Annex A17 §A17.3.3 (RoCEv2 ICRC: which IP/UDP fields are
+ * "variant" and replaced by ones), and Linux `drivers/infiniband/sw/rxe/rxe_icrc.c` (`rxe_icrc_hdr`).
+ * `docs/rxe-lab.md` records the facts below as measured on every frame of the rxe captures.
+ *
+ * The ICRC is the ordinary CRC-32 (zlib/Ethernet) over
+ *   1. 8 bytes of 0xff, standing in for the InfiniBand LRH that RoCEv2 does not carry;
+ *   2. the IP header with its variant fields set to ones:
+ *      IPv4: TOS (byte 1), TTL (byte 8) and header checksum (bytes 10–11);
+ *      IPv6: traffic class, flow label (bytes 0–3 become `6f ff ff ff`) and hop limit (byte 7);
+ *   3. the UDP header with its checksum set to 0xffff;
+ *   4. the BTH with byte 4 (FECN, BECN, reserved) set to 0xff;
+ *   5. the rest of the UDP payload, up to the ICRC itself,
+ * and is stored in the last 4 bytes of the UDP payload, least significant byte first (the CRC
+ * register's natural order; Wireshark prints those bytes as a big-endian number).
+ *
+ * Everything else is covered, in particular the IPv4 Identification, flags, total length and the IPv6
+ * payload length. That is the catch for a stack on a UDP socket: the IPv4 ID is chosen by a kernel
+ * after the sender computed the ICRC, and it is invisible to the receiver. Hence the three modes of
+ * `checkIcrc` and the IP-ID recovery at the end of this file.
+ *
+ * Hot path: no allocation but one `subarray` view of the payload per packet. The pseudo header (IP +
+ * UDP + BTH, masked) is assembled in one module-level scratch buffer and the CRC is chained over it
+ * and the payload view, continuing from the precomputed CRC of the 8 × 0xff prefix.
+ */
+import { crc32 } from './crc32.js';
+
+/** Bytes of ICRC at the end of every RoCEv2 packet. */
+export const ICRC_LEN = 4;
+/** Bytes of Base Transport Header at the start of every RoCEv2 UDP payload. */
+export const BTH_LEN = 12;
+/** The shortest UDP payload that can carry an ICRC: a BTH and the ICRC. */
+export const MIN_ICRC_PAYLOAD = BTH_LEN + ICRC_LEN;
+const UDP_HDR_LEN = 8;
+const IPV4_HDR_LEN = 20;
+const IPV6_HDR_LEN = 40;
+const IPPROTO_UDP = 17;
+/** BTH byte 4: FECN, BECN and 6 reserved bits; switches may set FECN/BECN in flight, so it is masked. */
+const BTH_MASKED_BYTE = 4;
+/** IPv4 flags/fragment-offset word with only Don't Fragment set: what rxe (and `IP_PMTUDISC_DO`) sends. */
+export const IPV4_DF = 0x4000;
+
+/** CRC-32 of the 8 × 0xff LRH stand-in (rxe's raw seed 0xdebb20e3, complemented): every ICRC starts here. */
+export const ICRC_SEED = crc32(new Uint8Array(8).fill(0xff));
+
+export type IcrcMode = 'strict' | 'recover' | 'off';
+export type IcrcStatus = 'ok' | 'ok-recovered' | 'bad' | 'unchecked';
+
+/** What a UDP socket knows about a datagram, plus IPv4 fields when known. */
+export interface UdpDatagramInfo {
+  family: 4 | 6;
+  /** 4 bytes for IPv4, 16 for IPv6, network order. */
+  srcAddr: Uint8Array;
+  dstAddr: Uint8Array;
+  srcPort: number;
+  dstPort: number;
+  /** IPv4 only: the Identification field; default 0 (what a sender with `IP_PMTUDISC_DO` emits). */
+  ipId?: number;
+  /** IPv4 only: the flags + fragment offset word; default 0x4000 (DF). */
+  ipFlagsFrag?: number;
+}
+
+export interface IcrcCheck {
+  status: IcrcStatus;
+  /** The ICRC as on the wire, decoded little-endian; 0 when the packet is too short to hold one. */
+  value: number;
+  /** The ICRC computed for the assumed (strict) or recovered header; absent when none was computed. */
+  expected?: number;
+  /** IPv4: the Identification the ICRC was computed with (assumed, read from the header, or recovered). */
+  ipId?: number;
+  /** IPv4: whether the ICRC was computed with the DF flag set. */
+  dontFragment?: boolean;
+}
+
+// Scratch pseudo header: up to 60 bytes of IPv4 header (with options) or 40 of IPv6, then UDP and
+// BTH. Only ever used synchronously inside one call, so one per module is enough.
+const PSEUDO = new Uint8Array(60 + UDP_HDR_LEN + BTH_LEN);
+// Prebuilt views for the two common lengths, so that the hot path allocates no view for them.
+const PSEUDO_V4 = PSEUDO.subarray(0, IPV4_HDR_LEN + UDP_HDR_LEN + BTH_LEN);
+const PSEUDO_V6 = PSEUDO.subarray(0, IPV6_HDR_LEN + UDP_HDR_LEN + BTH_LEN);
+
+function be16(b: Uint8Array, o: number): number {
+  return (b[o]! << 8) | b[o + 1]!;
+}
+
+function put16(b: Uint8Array, o: number, v: number): void {
+  b[o] = v >>> 8;
+  b[o + 1] = v;
+}
+
+function copyBytes(dst: Uint8Array, d: number, src: Uint8Array, s: number, n: number): void {
+  // Header-sized copies: a loop beats `set(subarray(...))`, which allocates a view.
+  for (let i = 0; i < n; i++) dst[d + i] = src[s + i]!;
+}
+
+/** Reads the ICRC from the last 4 bytes of a UDP payload (little-endian). */
+export function readIcrc(udpPayload: Uint8Array): number {
+  const n = udpPayload.length;
+  if (n < ICRC_LEN) throw new RangeError(`UDP payload of ${n} bytes holds no ICRC`);
+  return (udpPayload[n - 4]! | (udpPayload[n - 3]! << 8) | (udpPayload[n - 2]! << 16) | (udpPayload[n - 1]! << 24)) >>> 0;
+}
+
+/** Writes `icrc` into the last 4 bytes of a UDP payload (little-endian). */
+export function writeIcrc(udpPayload: Uint8Array, icrc: number): void {
+  const n = udpPayload.length;
+  if (n < ICRC_LEN) throw new RangeError(`UDP payload of ${n} bytes holds no ICRC`);
+  udpPayload[n - 4] = icrc;
+  udpPayload[n - 3] = icrc >>> 8;
+  udpPayload[n - 2] = icrc >>> 16;
+  udpPayload[n - 1] = icrc >>> 24;
+}
+
+// ---------------------------------------------------------------------------------------------
+// From a whole IP datagram (pcap, raw sockets, tests): the real header is at hand.
+
+// Where `locate` found things. Module-level so that locating allocates nothing.
+let locHdrLen = 0;
+let locUdp = 0;
+let locEnd = 0;
+
+/**
+ * Finds the UDP header and the end of the UDP payload of an IPv4/IPv6 datagram at `off`, checking
+ * every length against the buffer. Returns false for anything the ICRC cannot be computed over:
+ * truncated, not UDP, an IPv4 fragment, IPv6 extension headers or jumbograms, or a UDP payload too
+ * short for BTH + ICRC. Trailing bytes (Ethernet padding) after the IP total length are ignored.
+ */
+function locate(ip: Uint8Array, off: number): boolean {
+  if (!Number.isInteger(off) || off < 0 || ip.length - off < IPV4_HDR_LEN) return false;
+  const version = ip[off]! >>> 4;
+  let ipEnd: number;
+  if (version === 4) {
+    locHdrLen = (ip[off]! & 0x0f) * 4;
+    if (locHdrLen < IPV4_HDR_LEN) return false;
+    const total = be16(ip, off + 2);
+    ipEnd = off + total;
+    if (total < locHdrLen + UDP_HDR_LEN || ipEnd > ip.length) return false;
+    if (ip[off + 9] !== IPPROTO_UDP) return false;
+    // More Fragments or a fragment offset: the ICRC spans the reassembled datagram, not this piece.
+    if ((be16(ip, off + 6) & 0x3fff) !== 0) return false;
+  } else if (version === 6) {
+    locHdrLen = IPV6_HDR_LEN;
+    if (ip.length - off < IPV6_HDR_LEN) return false;
+    ipEnd = off + IPV6_HDR_LEN + be16(ip, off + 4);
+    if (ipEnd > ip.length) return false;
+    // RoCEv2 packets carry no extension headers (and rxe would not parse them either).
+    if (ip[off + 6] !== IPPROTO_UDP) return false;
+  } else {
+    return false;
+  }
+  locUdp = off + locHdrLen;
+  if (ipEnd - locUdp < UDP_HDR_LEN) return false;
+  const udpLen = be16(ip, locUdp + 4);
+  locEnd = locUdp + udpLen;
+  return udpLen >= UDP_HDR_LEN + MIN_ICRC_PAYLOAD && locEnd <= ipEnd;
+}
+
+/** The ICRC of the datagram `locate` just found, from its real header. */
+function icrcLocated(ip: Uint8Array, off: number): number {
+  const h = locHdrLen;
+  copyBytes(PSEUDO, 0, ip, off, h + UDP_HDR_LEN + BTH_LEN);
+  if (h === IPV6_HDR_LEN && ip[off]! >>> 4 === 6) {
+    PSEUDO[0] = 0x6f; // version 6, traffic class high nibble all ones
+    PSEUDO[1] = 0xff; // traffic class low nibble, flow label
+    PSEUDO[2] = 0xff;
+    PSEUDO[3] = 0xff;
+    PSEUDO[7] = 0xff; // hop limit
+  } else {
+    PSEUDO[1] = 0xff; // TOS
+    PSEUDO[8] = 0xff; // TTL
+    PSEUDO[10] = 0xff; // header checksum
+    PSEUDO[11] = 0xff;
+    // IPv4 options, if any, are covered as they are: they are not in the Annex's list of variant
+    // fields. (rxe never sends options, and its receive path assumes a 20-byte header.)
+  }
+  PSEUDO[h + 6] = 0xff; // UDP checksum
+  PSEUDO[h + 7] = 0xff;
+  PSEUDO[h + UDP_HDR_LEN + BTH_MASKED_BYTE] = 0xff;
+  const n = h + UDP_HDR_LEN + BTH_LEN;
+  const pseudo = n === PSEUDO_V4.length ? PSEUDO_V4 : n === PSEUDO_V6.length ? PSEUDO_V6 : PSEUDO.subarray(0, n);
+  const c = crc32(pseudo, ICRC_SEED);
+  return crc32(ip.subarray(locUdp + UDP_HDR_LEN + BTH_LEN, locEnd - ICRC_LEN), c);
+}
+
+/**
+ * The ICRC of a whole IPv4 or IPv6 datagram (IP header, UDP header, RoCEv2 payload ending in the ICRC
+ * field, whose content is ignored) that starts at `ipOffset`. IPv4 options are honoured (IHL).
+ * Throws a RangeError for anything that is not such a datagram; `checkIcrcOfIpDatagram` does not throw.
+ */
+export function icrcOfIpDatagram(ip: Uint8Array, ipOffset = 0): number {
+  if (!locate(ip, ipOffset)) throw new RangeError('not a complete IPv4/IPv6 UDP datagram with a BTH and an ICRC');
+  return icrcLocated(ip, ipOffset);
+}
+
+/** Checks the ICRC of a whole datagram against its real header: exact, for both families. Never throws. */
+export function checkIcrcOfIpDatagram(ip: Uint8Array, ipOffset = 0): IcrcCheck {
+  if (!locate(ip, ipOffset)) return { status: 'bad', value: 0 };
+  const value = readIcrc(ip.subarray(locEnd - ICRC_LEN, locEnd));
+  const expected = icrcLocated(ip, ipOffset);
+  const status: IcrcStatus = value === expected ? 'ok' : 'bad';
+  if (locHdrLen === IPV6_HDR_LEN && ip[ipOffset]! >>> 4 === 6) return { status, value, expected };
+  const flags = be16(ip, ipOffset + 6);
+  return { status, value, expected, ipId: be16(ip, ipOffset + 4), dontFragment: (flags & IPV4_DF) !== 0 };
+}
+
+// ---------------------------------------------------------------------------------------------
+// From what a UDP socket delivers: the IP and UDP headers are rebuilt from `UdpDatagramInfo`.
+
+function infoIsValid(info: UdpDatagramInfo): boolean {
+  const alen = info.family === 4 ? 4 : info.family === 6 ? 16 : -1;
+  return info.srcAddr instanceof Uint8Array && info.dstAddr instanceof Uint8Array && info.srcAddr.length === alen && info.dstAddr.length === alen;
+}
+
+/**
+ * Writes the masked IP + UDP headers for a UDP payload of `udpPayloadLen` bytes (ICRC included) into
+ * PSEUDO, and returns the offset of the BTH in it. IPv4 is rebuilt without options, as senders of
+ * RoCEv2 emit it.
+ */
+function writePseudoHeaders(info: UdpDatagramInfo, udpPayloadLen: number, ipId: number, flagsFrag: number): number {
+  let h: number;
+  if (info.family === 4) {
+    PSEUDO[0] = 0x45; // version 4, IHL 5
+    PSEUDO[1] = 0xff; // TOS (masked)
+    put16(PSEUDO, 2, IPV4_HDR_LEN + UDP_HDR_LEN + udpPayloadLen);
+    put16(PSEUDO, 4, ipId);
+    put16(PSEUDO, 6, flagsFrag);
+    PSEUDO[8] = 0xff; // TTL (masked)
+    PSEUDO[9] = IPPROTO_UDP;
+    PSEUDO[10] = 0xff; // header checksum (masked)
+    PSEUDO[11] = 0xff;
+    copyBytes(PSEUDO, 12, info.srcAddr, 0, 4);
+    copyBytes(PSEUDO, 16, info.dstAddr, 0, 4);
+    h = IPV4_HDR_LEN;
+  } else {
+    PSEUDO[0] = 0x6f; // version 6; traffic class and flow label masked
+    PSEUDO[1] = 0xff;
+    PSEUDO[2] = 0xff;
+    PSEUDO[3] = 0xff;
+    put16(PSEUDO, 4, UDP_HDR_LEN + udpPayloadLen); // payload length
+    PSEUDO[6] = IPPROTO_UDP; // next header
+    PSEUDO[7] = 0xff; // hop limit (masked)
+    copyBytes(PSEUDO, 8, info.srcAddr, 0, 16);
+    copyBytes(PSEUDO, 24, info.dstAddr, 0, 16);
+    h = IPV6_HDR_LEN;
+  }
+  put16(PSEUDO, h, info.srcPort & 0xffff);
+  put16(PSEUDO, h + 2, info.dstPort & 0xffff);
+  put16(PSEUDO, h + 4, UDP_HDR_LEN + udpPayloadLen);
+  PSEUDO[h + 6] = 0xff; // UDP checksum (masked)
+  PSEUDO[h + 7] = 0xff;
+  return h + UDP_HDR_LEN;
+}
+
+/** CRC of the masked pseudo header (IP, UDP, BTH) now in PSEUDO, chained onto the 8 × 0xff prefix. */
+function crcPseudo(bth: number): number {
+  PSEUDO[bth + BTH_MASKED_BYTE] = 0xff;
+  return crc32(bth === IPV4_HDR_LEN + UDP_HDR_LEN ? PSEUDO_V4 : PSEUDO_V6, ICRC_SEED);
+}
+
+function icrcWith(info: UdpDatagramInfo, udpPayload: Uint8Array, ipId: number, flagsFrag: number): number {
+  const n = udpPayload.length;
+  const bth = writePseudoHeaders(info, n, ipId, flagsFrag);
+  copyBytes(PSEUDO, bth, udpPayload, 0, BTH_LEN);
+  return crc32(udpPayload.subarray(BTH_LEN, n - ICRC_LEN), crcPseudo(bth));
+}
+
+function checkArgs(info: UdpDatagramInfo, udpPayloadLen: number): void {
+  if (!infoIsValid(info)) throw new RangeError('UdpDatagramInfo: family must be 4 or 6 with 4- or 16-byte addresses');
+  if (udpPayloadLen < MIN_ICRC_PAYLOAD) throw new RangeError(`UDP payload of ${udpPayloadLen} bytes is shorter than BTH + ICRC`);
+}
+
+/**
+ * The ICRC of a RoCEv2 UDP payload (BTH … ICRC field; the field's content is ignored), with the IP and
+ * UDP headers rebuilt from `info`. IPv4 uses `info.ipId` (default 0) and `info.ipFlagsFrag` (default DF).
+ */
+export function icrcOfUdpPayload(info: UdpDatagramInfo, udpPayload: Uint8Array): number {
+  checkArgs(info, udpPayload.length);
+  return icrcWith(info, udpPayload, (info.ipId ?? 0) & 0xffff, (info.ipFlagsFrag ?? IPV4_DF) & 0xffff);
+}
+
+/**
+ * The ICRC of a packet still in pieces, for the send path: `parts` (e.g. headers, payload, pad) are
+ * the UDP payload without the 4 ICRC bytes, and `udpPayloadLen` is the UDP payload length on the wire,
+ * ICRC included (so `udpPayloadLen === sum of parts + 4`; it is in the IP and UDP length fields). The
+ * BTH may straddle parts. Equal to `icrcOfUdpPayload` of the concatenation.
+ */
+export function icrcOfParts(info: UdpDatagramInfo, parts: readonly Uint8Array[], udpPayloadLen: number): number {
+  checkArgs(info, udpPayloadLen);
+  let sum = 0;
+  for (const p of parts) sum += p.length;
+  if (sum + ICRC_LEN !== udpPayloadLen) throw new RangeError(`parts hold ${sum} bytes, expected ${udpPayloadLen - ICRC_LEN}`);
+  const bth = writePseudoHeaders(info, udpPayloadLen, (info.ipId ?? 0) & 0xffff, (info.ipFlagsFrag ?? IPV4_DF) & 0xffff);
+  // Gather the BTH (normally all of parts[0]'s first 12 bytes) into the scratch, then CRC the rest in place.
+  let need = BTH_LEN;
+  let i = 0;
+  let skip = 0;
+  for (; i < parts.length && need > 0; i++) {
+    const p = parts[i]!;
+    const take = Math.min(need, p.length);
+    copyBytes(PSEUDO, bth + BTH_LEN - need, p, 0, take);
+    need -= take;
+    if (take < p.length) {
+      skip = take;
+      break;
+    }
+  }
+  let c = crcPseudo(bth);
+  if (skip > 0) {
+    c = crc32(parts[i]!.subarray(skip), c);
+    i++;
+  }
+  for (; i < parts.length; i++) c = crc32(parts[i]!, c);
+  return c;
+}
+
+// ---------------------------------------------------------------------------------------------
+// IPv4 IP-ID recovery.
+//
+// For messages of one fixed length, CRC-32 is affine over GF(2): crc(m ⊕ e) = crc(m) ⊕ L(e), with L
+// linear and depending only on e's bits and their distance from the end. Take the 32-bit word
+// w = ID << 16 | flagsFrag (IPv4 header bytes 4–7). Any nonzero e confined to 32 adjacent bits is a
+// burst CRC-32 always detects, so L restricted to w is injective: a 32 × 32 invertible matrix M over
+// GF(2). Thus for the ICRC on the wire W and the ICRC C computed with an assumed word w0, there is
+// exactly one word w with W = C ⊕ M·(w ⊕ w0), namely w = w0 ⊕ M⁻¹·(W ⊕ C). We solve for all 32
+// bits and accept the answer only if its flags/fragment part is 0x4000 or 0 (DF or not, never MF, no
+// fragment offset): 16 ID bits + DF are the 17 unknowns, and the other 15 bits of the solution are
+// the consistency equations.
+//
+// Residual protection: a corrupted packet passes if M⁻¹·(W ⊕ C) happens to have those 15 bits zero,
+// i.e. with probability 2^-15 for a random corruption (it then "recovers" a wrong ID). That is the
+// price of not seeing the IP header: strict checking (the header is known) keeps the full 2^-32 and
+// detects every burst of up to 32 bits. Peers known to always set DF (rxe does) could require it and
+// get back to 16 bits. For single-bit errors, whether one aliases depends only on its distance from the
+// ID field, not on the packet: about one bit position in 2^15 is blind. Within the first 4 KiB of the
+// UDP payload these are byte 173 mask 0x08 and byte 1834 mask 0x40, in every IPv4 packet (the test
+// over the captures finds exactly these). The Ethernet FCS still covers each hop; this is end to end.
+//
+// M⁻¹ depends only on the distance from w to the end of the covered bytes, i.e. on the UDP payload
+// length; it is built once per length (32 CRCs over zeros, a 32 × 32 inversion) and stored as four
+// 256-entry byte tables, so applying it is four lookups and three XORs.
+
+/** Byte tables of M⁻¹ for one UDP payload length: M⁻¹·d = T[d & 255] ^ T[256 + (d >>> 8 & 255)] ^ … */
+type RecoveryTable = Int32Array;
+
+// Payload lengths on a link are few (MTU-sized, a handful of header sizes and tails), so a small map
+// with first-in-first-out eviction is enough; the last length is checked first without a map lookup.
+const RECOVERY_CACHE_MAX = 64;
+const recoveryCache = new Map<number, RecoveryTable | null>();
+let lastLen = -1;
+let lastTable: RecoveryTable | null = null;
+let zeros = new Uint8Array(4096);
+
+/** The linear part of the CRC register moved through `n` zero bytes, applied to a register difference. */
+function shiftThroughZeros(delta: number, n: number): number {
+  const z = zeros.subarray(0, n);
+  return (crc32(z, delta >>> 0) ^ crc32(z, 0)) >>> 0;
+}
+
+function buildRecoveryTable(udpPayloadLen: number): RecoveryTable | null {
+  // Bytes covered after header bytes 4–7: the rest of the IPv4 header, UDP, payload minus ICRC.
+  const trailing = IPV4_HDR_LEN - 8 + UDP_HDR_LEN + udpPayloadLen - ICRC_LEN;
+  if (zeros.length < trailing) zeros = new Uint8Array(Math.max(trailing, zeros.length * 2));
+  const four = new Uint8Array(4);
+  const crcZero4 = crc32(four);
+  const vec = new Int32Array(32); // L(bit j of w)
+  const comb = new Int32Array(32); // which bits of w were combined into vec[j]
+  for (let j = 0; j < 32; j++) {
+    four[3 - (j >>> 3)] = 1 << (j & 7); // bit j of w as it sits on the wire (big-endian word)
+    const delta = crc32(four) ^ crcZero4; // register difference right after the 4 bytes
+    four.fill(0);
+    vec[j] = shiftThroughZeros(delta, trailing);
+    comb[j] = 1 << j;
+  }
+  // Gauss–Jordan on the columns: afterwards vec[r] = e_r and comb[r] = M⁻¹·e_r.
+  for (let r = 0; r < 32; r++) {
+    let p = r;
+    while (p < 32 && ((vec[p]! >>> r) & 1) === 0) p++;
+    if (p === 32) return null; // singular: cannot happen for CRC-32 (burst ≤ 32 bits), kept for safety
+    const v = vec[p]!;
+    const c = comb[p]!;
+    vec[p] = vec[r]!;
+    comb[p] = comb[r]!;
+    vec[r] = v;
+    comb[r] = c;
+    for (let i = 0; i < 32; i++) {
+      if (i !== r && ((vec[i]! >>> r) & 1) !== 0) {
+        vec[i] = vec[i]! ^ v;
+        comb[i] = comb[i]! ^ c;
+      }
+    }
+  }
+  const t = new Int32Array(4 * 256);
+  for (let k = 0; k < 4; k++) {
+    for (let b = 1; b < 256; b++) {
+      const low = 31 - Math.clz32(b & -b); // lowest set bit of b
+      t[k * 256 + b] = t[k * 256 + (b & (b - 1))]! ^ comb[k * 8 + low]!;
+    }
+  }
+  return t;
+}
+
+function recoveryTable(udpPayloadLen: number): RecoveryTable | null {
+  if (udpPayloadLen === lastLen) return lastTable;
+  let t = recoveryCache.get(udpPayloadLen);
+  if (t === undefined) {
+    t = buildRecoveryTable(udpPayloadLen);
+    if (recoveryCache.size >= RECOVERY_CACHE_MAX) recoveryCache.delete(recoveryCache.keys().next().value!);
+    recoveryCache.set(udpPayloadLen, t);
+  }
+  lastLen = udpPayloadLen;
+  lastTable = t;
+  return t;
+}
+
+/**
+ * Solves for the IPv4 ID and DF that make `wire` the ICRC of the payload, given `computed`, the ICRC
+ * for the assumed `ipId0`/`flags0`. Returns ID << 1 | DF, or -1 if no ID with flags 0x4000 or 0 fits.
+ */
+function solveIpv4(udpPayloadLen: number, wire: number, computed: number, ipId0: number, flags0: number): number {
+  const t = recoveryTable(udpPayloadLen);
+  if (t === null) return -1;
+  const d = wire ^ computed;
+  const diff = t[d & 0xff]! ^ t[256 + ((d >>> 8) & 0xff)]! ^ t[512 + ((d >>> 16) & 0xff)]! ^ t[768 + (d >>> 24)]!;
+  const word = (((ipId0 << 16) | flags0) ^ diff) >>> 0;
+  const flagsFrag = word & 0xffff;
+  if ((flagsFrag & ~IPV4_DF) !== 0) return -1;
+  return ((word >>> 16) << 1) | (flagsFrag >>> 14);
+}
+
+/**
+ * The IPv4 ID and DF flag for which the payload's ICRC is right (with `info`'s addresses and ports),
+ * or undefined if there is none, i.e. the packet is corrupt (or not IPv4). See the residual-protection
+ * note above: a corrupt packet yields a wrong ID with probability 2^-15.
+ */
+export function recoverIpv4Id(info: UdpDatagramInfo, udpPayload: Uint8Array): { ipId: number; dontFragment: boolean } | undefined {
+  if (info.family !== 4 || !infoIsValid(info) || udpPayload.length < MIN_ICRC_PAYLOAD) return undefined;
+  const ipId0 = (info.ipId ?? 0) & 0xffff;
+  const flags0 = (info.ipFlagsFrag ?? IPV4_DF) & 0xffff;
+  const r = solveIpv4(udpPayload.length, readIcrc(udpPayload), icrcWith(info, udpPayload, ipId0, flags0), ipId0, flags0);
+  return r < 0 ? undefined : { ipId: r >>> 1, dontFragment: (r & 1) !== 0 };
+}
+
+/**
+ * Checks the ICRC of a RoCEv2 UDP payload as a UDP socket delivers it. Never throws; malformed input
+ * (too short, bad `info`) is `bad`.
+ * - `strict`: IPv4 assumes `info.ipId` (default 0) and `info.ipFlagsFrag` (default DF); IPv6 is exact.
+ * - `recover`: IPv4 also accepts any ID (and DF either way) that makes the ICRC right, reported as
+ *   `ok-recovered` with that `ipId`; 15 bits of protection remain (see above). IPv6: as strict.
+ * - `off`: `unchecked`.
+ */
+export function checkIcrc(info: UdpDatagramInfo, udpPayload: Uint8Array, mode: IcrcMode): IcrcCheck {
+  const n = udpPayload.length;
+  const value = n >= ICRC_LEN ? readIcrc(udpPayload) : 0;
+  if (mode === 'off') return { status: 'unchecked', value };
+  if (n < MIN_ICRC_PAYLOAD || !infoIsValid(info)) return { status: 'bad', value };
+  if (info.family === 6) {
+    const expected = icrcWith(info, udpPayload, 0, 0);
+    return { status: expected === value ? 'ok' : 'bad', value, expected };
+  }
+  const ipId0 = (info.ipId ?? 0) & 0xffff;
+  const flags0 = (info.ipFlagsFrag ?? IPV4_DF) & 0xffff;
+  const expected = icrcWith(info, udpPayload, ipId0, flags0);
+  if (expected === value) return { status: 'ok', value, expected, ipId: ipId0, dontFragment: (flags0 & IPV4_DF) !== 0 };
+  if (mode !== 'recover') return { status: 'bad', value, expected };
+  const r = solveIpv4(n, value, expected, ipId0, flags0);
+  if (r < 0) return { status: 'bad', value, expected };
+  // By construction the recovered header reproduces the wire value: report it as the expectation.
+  return { status: 'ok-recovered', value, expected: value, ipId: r >>> 1, dontFragment: (r & 1) !== 0 };
+}
