@@ -1,0 +1,74 @@
+/**
+ * The link: where RoCEv2 UDP payloads enter and leave the stack.
+ *
+ * A link owns everything below the BTH that a UDP socket owns or knows: addresses, ports
+ * and the ICRC, which covers the IP and UDP headers. The transport engines above hand it
+ * packets without an ICRC and receive packets whose ICRC it has already judged.
+ *
+ * Implementations: `UdpLink` (node:dgram on 4791), `MemoryLink` (an in-process pair on a
+ * virtual clock), and middleware that wraps another link: `FaultyLink` (seeded loss,
+ * reordering, duplication, bit flips, delay, FECN marking), `PcapTap` (writes every packet
+ * sent and received to a capture).
+ */
+
+import type { IcrcMode, IcrcStatus } from '../wire/icrc.js';
+
+export interface PeerAddress {
+  /** Textual IPv4 or IPv6 address. */
+  address: string;
+  /** UDP port: 4791 for every RoCEv2 peer, but tests may run several stacks on one host. */
+  port: number;
+}
+
+export interface RxMeta {
+  /** Where the datagram came from (address and UDP source port). */
+  src: PeerAddress;
+  /** ICRC verdict (never `bad`: bad packets are counted and dropped by the link). */
+  icrc: IcrcStatus;
+  /** IPv4 ID the ICRC implied, when it was recovered. */
+  ipId?: number;
+  /** The IP header carried ECN CE. Only links that can see it set it (not node:dgram). */
+  ce: boolean;
+  /** Receive time on the link's clock, µs. */
+  at: number;
+}
+
+export interface LinkCaps {
+  family: 4 | 6;
+  /** Whether the link appends an ICRC to what it sends. */
+  icrcGenerate: boolean;
+  /** How received ICRCs are judged. */
+  icrcVerify: IcrcMode;
+  /** Largest UDP payload the link carries (headers + path MTU + ICRC must fit). */
+  maxDatagram: number;
+}
+
+/** Why a link dropped a datagram before the transport saw it. */
+export type LinkDropReason = 'badIcrc' | 'tooShort' | 'notRoce' | 'injectedLoss' | 'sendError' | 'closed';
+
+export type LinkRxHandler = (payload: Uint8Array, meta: RxMeta) => void;
+
+export interface Link {
+  readonly caps: LinkCaps;
+  /** The local address and port the link sends from and receives on. */
+  readonly local: PeerAddress;
+  /**
+   * Sends one RoCEv2 UDP payload, given as parts (e.g. headers, payload view, pad) WITHOUT
+   * the 4 ICRC bytes: the link computes and appends the ICRC when `caps.icrcGenerate`.
+   * `srcPort` is the UDP source port to use where the link can choose it (rxe derives it
+   * from the QPNs for ECMP entropy). The parts may be reused by the caller after return.
+   */
+  send(dst: PeerAddress, srcPort: number, parts: readonly Uint8Array[]): void;
+  /**
+   * Registers the single receive handler. `payload` is the whole UDP payload including the
+   * ICRC; it is valid only until the handler returns (the link may reuse the memory).
+   */
+  onReceive(handler: LinkRxHandler): void;
+  /** Drops by reason since the link was opened. */
+  readonly drops: Readonly<Record<LinkDropReason, number>>;
+  close(): Promise<void>;
+}
+
+export function emptyDrops(): Record<LinkDropReason, number> {
+  return { badIcrc: 0, tooShort: 0, notRoce: 0, injectedLoss: 0, sendError: 0, closed: 0 };
+}

@@ -1,0 +1,645 @@
+/**
+ * `UdpLink`: RoCEv2 over the host's UDP stack through `node:dgram`, port 4791.
+ *
+ * Read first: `docs/rxe-lab.md` ("Step 7", the IP ID table, "IPv6 facts", "What this means for the
+ * stack's design") and `docs/perf-ceilings.md` (socket costs). The facts that shape this file:
+ *
+ * - IPv4, sending. The ICRC covers the IPv4 Identification and flags, which the kernel picks after
+ *   we computed the ICRC. Only an *unconnected* socket with `IP_MTU_DISCOVER = IP_PMTUDISC_DO`
+ *   sends a predictable header: ID 0 with DF. So every IPv4 socket gets that option (FFI, see
+ *   `sockopt.ts`), the ICRC is computed for ID 0 / flags 0x4000, and `open` checks that it took
+ *   effect: it reads the option back, and sends one probe to itself and looks at the probe's real
+ *   IP header through a raw socket (when it may: CAP_NET_RAW), checking the ID, DF and the ICRC
+ *   against that header, as a strict peer does. The probe cannot be judged from the UDP side: a
+ *   receiving UDP socket recomputes the ICRC with the same assumed ID 0 the sender used, so it
+ *   "recovers" ID 0 whatever the kernel put on the wire. The result is `ipIdZero`; a failure is
+ *   warned loudly, since strict peers (rdma_rxe) would drop every packet.
+ *   A connected socket would send faster but numbers its IDs from a random start: never connect.
+ * - IPv4, receiving. The IP header is invisible to a UDP socket and peers' IDs change per packet,
+ *   so the default check is `recover` (solve for the ID; ~15 bits of residual protection).
+ * - IPv6. No ID, the variable fields are masked: the check is exact. But rdma_rxe sends UDP
+ *   checksum 0, which Linux drops unless the socket has `UDP_NO_CHECK6_RX` (FFI again); `open`
+ *   sets it, reads it back, and warns loudly when it is missing (`noCheck6Rx`).
+ * - The source port. One bound socket has one source port, but rxe spreads flows over source
+ *   ports (0xC000 | hash of the QPNs) for ECMP. `sourcePorts: 'per-flow'` opens extra sockets
+ *   bound to the same address on the requested ports (same options), up to a cap; beyond it, or
+ *   when a port cannot be bound, the bound socket is used and the fallback counted. The ICRC is
+ *   always computed for the port actually used. The extra sockets receive as well (rxe answers
+ *   to 4791, but a peer answering to our source port is heard).
+ * - Size. DF is always set, so a datagram longer than the path MTU is refused by the kernel
+ *   (EMSGSIZE): keep the RoCE path MTU below the interface MTU, as rxe does (1024 at MTU 1500).
+ * - Buffers. `dgram` reads the datagram after a `process.nextTick` (an address lookup, even for
+ *   literals), so it must not be handed memory the caller may reuse when `send` returns: each
+ *   datagram is gathered into one fresh buffer with the ICRC at its tail. One buffer is also the
+ *   fastest form for `dgram` (an array of parts costs ~18 %). No send callback by default (~10 %):
+ *   errors the kernel reports asynchronously are only counted with `reportSendErrors`.
+ */
+
+import dgram, { type RemoteInfo, type Socket } from 'node:dgram';
+import { once } from 'node:events';
+import { randomBytes } from 'node:crypto';
+import { checkIcrc, checkIcrcOfIpDatagram, icrcOfUdpPayload, ICRC_LEN, MIN_ICRC_PAYLOAD, writeIcrc, type IcrcMode, type UdpDatagramInfo } from '../wire/icrc.js';
+import { parseIpAddress } from '../wire/frame.js';
+import { SystemClock, type Clock } from '../runtime/clock.js';
+import { emptyDrops, type LinkCaps, type LinkDropReason, type LinkRxHandler, type PeerAddress, type RxMeta } from './link.js';
+import type { RxHook, WireDatagram, WireLink } from './fault.js';
+import {
+  ffiStatus,
+  IP_MTU_DISCOVER,
+  IP_PMTUDISC_DO,
+  IPPROTO_IP,
+  openIpv4Observer,
+  readSocketOption,
+  setAndReadBack,
+  SOL_UDP,
+  UDP_NO_CHECK6_RX,
+  type SockoptResult,
+} from './sockopt.js';
+
+/** The RoCEv2 UDP destination port (IANA). */
+export const ROCE_PORT = 4791;
+/** Largest UDP payload of an IPv4 / IPv6 datagram. */
+const MAX_UDP_PAYLOAD_V4 = 65507;
+const MAX_UDP_PAYLOAD_V6 = 65527;
+const BTH_LEN = 12;
+
+export interface UdpLinkOptions {
+  /** Local IPv4 or IPv6 address to bind (textual, no zone). The family follows from it. */
+  address: string;
+  /** Local UDP port. Default 4791. Tests may run several links on one host with other ports. */
+  port?: number;
+  /** How received ICRCs are judged. Default `recover` (IPv4 IDs are invisible); IPv6 is exact either way. */
+  icrcVerify?: IcrcMode;
+  /** Append an ICRC to what is sent. Default true. */
+  icrcGenerate?: boolean;
+  /** SO_RCVBUF to ask for, bytes. Default 8 MiB (the kernel caps it at net.core.rmem_max, then doubles it). */
+  recvBufferBytes?: number;
+  /** SO_SNDBUF to ask for, bytes. Default 4 MiB (capped at net.core.wmem_max, then doubled). */
+  sendBufferBytes?: number;
+  /** `bound`: every datagram leaves from `port`. `per-flow`: from the `srcPort` given to `send`. Default `bound`. */
+  sourcePorts?: 'bound' | 'per-flow';
+  /** `per-flow` only: most extra sockets to open. Default 64. */
+  maxFlowSockets?: number;
+  /** Largest UDP payload (ICRC included) `send` accepts. Default the UDP maximum for the family. */
+  maxDatagram?: number;
+  /** Pass a completion callback to every send so that asynchronous kernel errors are counted. Default false. */
+  reportSendErrors?: boolean;
+  /** `at` of received packets. Default a new SystemClock. */
+  clock?: Clock;
+  /** Where start-up problems are reported. Default `process.emitWarning` (type `RoceLinkWarning`), once per code. */
+  warn?: (w: LinkWarning) => void;
+  /** How long `open` waits for its IPv4 probe, ms. Default 1000. */
+  probeTimeoutMs?: number;
+}
+
+export type LinkWarningCode =
+  /** koffi or libc is missing: no socket options, see the other warnings for the consequences. */
+  | 'ROCE_FFI_UNAVAILABLE'
+  /** IPv4 packets do not leave with ID 0 + DF: strict peers drop everything this link sends. */
+  | 'ROCE_IPV4_ID_NOT_ZERO'
+  /** IPv6 socket without UDP_NO_CHECK6_RX: peers that send UDP checksum 0 (rxe) are never heard. */
+  | 'ROCE_NO_CHECK6_RX';
+
+export interface LinkWarning {
+  code: LinkWarningCode;
+  message: string;
+}
+
+/** What `open` found out about the sockets. */
+export interface UdpLinkStartup {
+  /** Whether the socket-option FFI (koffi + libc) loaded, and why not. */
+  ffi: { ok: true } | { ok: false; message: string };
+  /** IPv4: IP_MTU_DISCOVER as read back (2 = IP_PMTUDISC_DO); absent when it could not be read. */
+  pmtuDiscover?: number;
+  /**
+   * IPv4: the probe sent to ourselves, observed with its real IP header through a raw socket.
+   * `ok`: it left with ID 0 and DF and its ICRC checks against the real header, as a strict peer
+   * checks it; `other-id`: it left with `probeIpId` (and/or without DF); `bad-icrc`: ID 0 and DF,
+   * yet the ICRC does not match the real header; `timeout`: the observer never saw it;
+   * `unverified`: no raw socket (it needs CAP_NET_RAW; `probeNote` says why), so only the
+   * read-back vouches for the option. IPv6: `not-run`.
+   *
+   * (A probe received on the UDP socket itself would prove nothing: its ICRC implies the ID the
+   * sender assumed, and the receiver recomputes it with the same assumption.)
+   */
+  probe: 'ok' | 'other-id' | 'bad-icrc' | 'timeout' | 'unverified' | 'not-run';
+  probeIpId?: number;
+  probeNote?: string;
+  /**
+   * IPv4: IP_MTU_DISCOVER reads back IP_PMTUDISC_DO and the probe did not contradict it (`ok` or
+   * `unverified`). IPv6: true (the header has no ID).
+   */
+  ipIdZero: boolean;
+  /** IPv6: UDP_NO_CHECK6_RX read back as 1. IPv4: absent. */
+  noCheck6Rx?: boolean;
+  /** SO_RCVBUF / SO_SNDBUF as the kernel reports them (twice the usable payload bytes, Linux). */
+  recvBufferBytes: number;
+  sendBufferBytes: number;
+}
+
+export interface UdpLinkCounters {
+  sent: number;
+  received: number;
+  /** `per-flow`: extra sockets opened so far (including ones that failed to bind). */
+  flowSockets: number;
+  /** `per-flow`: datagrams that left from the bound port instead of the requested one. */
+  flowFallbacks: number;
+  /** `per-flow`: extra sockets on which IP_PMTUDISC_DO / UDP_NO_CHECK6_RX did not take. */
+  flowOptionFailures: number;
+}
+
+const DEFAULTS = {
+  port: ROCE_PORT,
+  icrcVerify: 'recover' as IcrcMode,
+  icrcGenerate: true,
+  recvBufferBytes: 8 << 20,
+  sendBufferBytes: 4 << 20,
+  sourcePorts: 'bound' as 'bound' | 'per-flow',
+  maxFlowSockets: 64,
+  reportSendErrors: false,
+  probeTimeoutMs: 1000,
+};
+
+const warnedCodes = new Set<LinkWarningCode>();
+
+function defaultWarn(w: LinkWarning): void {
+  if (warnedCodes.has(w.code)) return;
+  warnedCodes.add(w.code);
+  process.emitWarning(w.message, { type: 'RoceLinkWarning', code: w.code });
+}
+
+interface FlowSocket {
+  socket: Socket;
+  state: 'binding' | 'bound' | 'failed';
+  /** Sends issued while binding: dgram drops its queue if the bind fails. */
+  queued: number;
+}
+
+/** RoCEv2 over node:dgram. Create with `await UdpLink.open(...)`. */
+export class UdpLink implements WireLink {
+  readonly caps: LinkCaps;
+  readonly local: PeerAddress;
+  readonly startup: UdpLinkStartup;
+  readonly counters: UdpLinkCounters = { sent: 0, received: 0, flowSockets: 0, flowFallbacks: 0, flowOptionFailures: 0 };
+
+  private readonly drop = emptyDrops();
+  private readonly localAddr: Uint8Array;
+  private readonly type: 'udp4' | 'udp6';
+  private readonly flows = new Map<number, FlowSocket>();
+  private readonly flowBySocket = new Map<Socket, FlowSocket>();
+  private readonly addrCache = new Map<string, Uint8Array | null>();
+  private readonly sendDone: ((err: Error | null) => void) | undefined;
+  // One info record reused by every synchronous ICRC computation.
+  private readonly info: UdpDatagramInfo;
+  private handler: LinkRxHandler | undefined;
+  private rxHook: RxHook | undefined;
+  private probeNonce: Uint8Array | undefined;
+  private closed = false;
+
+  private constructor(
+    private readonly main: Socket,
+    private readonly clock: Clock,
+    private readonly opts: typeof DEFAULTS & { address: string; maxDatagram: number },
+    localAddr: Uint8Array,
+    startup: UdpLinkStartup,
+  ) {
+    this.localAddr = localAddr;
+    const family = localAddr.length === 4 ? 4 : 6;
+    this.type = family === 4 ? 'udp4' : 'udp6';
+    this.local = { address: opts.address, port: opts.port };
+    this.caps = { family, icrcGenerate: opts.icrcGenerate, icrcVerify: opts.icrcVerify, maxDatagram: opts.maxDatagram };
+    this.startup = startup;
+    this.info = { family, srcAddr: localAddr, dstAddr: localAddr, srcPort: 0, dstPort: 0, ipId: 0, ipFlagsFrag: 0x4000 };
+    this.sendDone = opts.reportSendErrors
+      ? (err) => {
+          if (err) this.drop.sendError++;
+        }
+      : undefined;
+  }
+
+  /** Binds, sets the socket options, checks them (see the file comment), and reports what it found. */
+  static async open(options: UdpLinkOptions): Promise<UdpLink> {
+    const addr = parseIpAddress(options.address);
+    if (addr === undefined) throw new RangeError(`UdpLink: not an IP address: ${JSON.stringify(options.address)}`);
+    const family = addr.length === 4 ? 4 : 6;
+    const opts = {
+      ...DEFAULTS,
+      ...definedOnly(options),
+      address: options.address,
+      maxDatagram: options.maxDatagram ?? (family === 4 ? MAX_UDP_PAYLOAD_V4 : MAX_UDP_PAYLOAD_V6),
+    };
+    if (!Number.isInteger(opts.port) || opts.port < 0 || opts.port > 0xffff) throw new RangeError(`UdpLink: bad port ${opts.port}`);
+    if (!Number.isInteger(opts.maxFlowSockets) || opts.maxFlowSockets < 0) throw new RangeError(`UdpLink: bad maxFlowSockets ${opts.maxFlowSockets}`);
+    if (opts.maxDatagram < MIN_ICRC_PAYLOAD) throw new RangeError(`UdpLink: maxDatagram ${opts.maxDatagram} < ${MIN_ICRC_PAYLOAD}`);
+    const warn = options.warn ?? defaultWarn;
+    const clock = options.clock ?? new SystemClock();
+
+    const socket = dgram.createSocket(family === 4 ? { type: 'udp4' } : { type: 'udp6', ipv6Only: true });
+    socket.bind({ address: options.address, port: opts.port, exclusive: true });
+    try {
+      await once(socket, 'listening'); // rejects with the bind error (EADDRINUSE, EADDRNOTAVAIL)
+    } catch (e) {
+      await closeSocket(socket);
+      throw e;
+    }
+    const port = socket.address().port; // port 0 asks the kernel for one
+
+    const ffi = ffiStatus();
+    const startup: UdpLinkStartup = { ffi, probe: 'not-run', ipIdZero: family === 6, recvBufferBytes: 0, sendBufferBytes: 0 };
+    [startup.recvBufferBytes, startup.sendBufferBytes] = setBuffers(socket, opts.recvBufferBytes, opts.sendBufferBytes);
+    const where = family === 4 ? `${options.address}:${port}` : `[${options.address}]:${port}`;
+    if (!ffi.ok) {
+      warn({
+        code: 'ROCE_FFI_UNAVAILABLE',
+        message: `UdpLink ${where}: the socket-option FFI is unavailable (${ffi.message}); ` + (family === 4 ? 'IP_PMTUDISC_DO cannot be set.' : 'UDP_NO_CHECK6_RX cannot be set.'),
+      });
+    }
+    const problems: string[] = [];
+    if (family === 4) {
+      const r = setAndReadBack(socket, IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO);
+      if (r.ok) {
+        startup.pmtuDiscover = r.value;
+        if (r.value !== IP_PMTUDISC_DO) problems.push(`IP_MTU_DISCOVER reads back ${r.value}, not IP_PMTUDISC_DO (2)`);
+      } else {
+        problems.push(`IP_MTU_DISCOVER could not be set: ${r.message}`);
+      }
+    } else {
+      const r = setAndReadBack(socket, SOL_UDP, UDP_NO_CHECK6_RX, 1);
+      startup.noCheck6Rx = r.ok && r.value === 1;
+      if (!startup.noCheck6Rx) {
+        const why = r.ok ? `it reads back ${r.value}` : r.message;
+        warn({
+          code: 'ROCE_NO_CHECK6_RX',
+          message:
+            `UdpLink ${where}: UDP_NO_CHECK6_RX is not set (${why}). The kernel drops IPv6 datagrams with UDP ` +
+            'checksum 0 (Udp6InCsumErrors), and rdma_rxe always sends checksum 0: this link will never hear rxe peers.',
+        });
+      }
+    }
+
+    const link = new UdpLink(socket, clock, { ...opts, port }, addr, startup);
+    socket.on('message', (msg: Buffer, rinfo: RemoteInfo) => link.onMessage(msg, rinfo, port));
+    socket.on('error', () => {
+      // Without a send callback dgram reports nothing here; with one, errors go to the callback.
+      link.drop.sendError++;
+    });
+
+    if (family === 4) {
+      const p = await link.runProbe(opts.probeTimeoutMs);
+      link.counters.sent = 0; // counters cover traffic, not the probe
+      startup.probe = p.status;
+      if (p.ipId !== undefined) startup.probeIpId = p.ipId;
+      if (p.note !== undefined) startup.probeNote = p.note;
+      const id = `0x${(p.ipId ?? 0).toString(16).padStart(4, '0')}`;
+      if (p.status === 'other-id') problems.push(`a probe sent to itself left with IP ID ${id}${p.df === false ? ' without DF' : ''}`);
+      else if (p.status === 'bad-icrc') problems.push('a probe sent to itself left with ID 0 + DF, yet its ICRC does not match its real header');
+      else if (p.status === 'timeout') problems.push(`a probe sent to itself was not seen within ${opts.probeTimeoutMs} ms`);
+      startup.ipIdZero = problems.length === 0;
+      if (!startup.ipIdZero) {
+        warn({
+          code: 'ROCE_IPV4_ID_NOT_ZERO',
+          message:
+            `UdpLink ${where}: IPv4 packets are not known to leave with IP ID 0 and DF (${problems.join('; ')}). ` +
+            'The ICRC is computed for ID 0 + DF, so strict receivers (rdma_rxe) will drop every packet this link ' +
+            'sends. (Receivers on UDP sockets cannot tell: they recompute the ICRC with the same assumption.)',
+        });
+      }
+    }
+    return link;
+  }
+
+  get drops(): Readonly<Record<LinkDropReason, number>> {
+    return this.drop;
+  }
+
+  /** IPv4: packets verifiably leave with ID 0 + DF. IPv6: true. */
+  get ipIdZero(): boolean {
+    return this.startup.ipIdZero;
+  }
+
+  /** IPv6: UDP_NO_CHECK6_RX is set. IPv4: false. */
+  get noCheck6Rx(): boolean {
+    return this.startup.noCheck6Rx === true;
+  }
+
+  /** Reads an int socket option of the bound socket (diagnostics: `roce doctor`, tests). */
+  readSocketOption(level: number, optname: number): SockoptResult<number> {
+    return readSocketOption(this.main, level, optname);
+  }
+
+  onReceive(handler: LinkRxHandler): void {
+    this.handler = handler;
+  }
+
+  setRxHook(hook: RxHook | undefined): void {
+    this.rxHook = hook;
+  }
+
+  send(dst: PeerAddress, srcPort: number, parts: readonly Uint8Array[]): void {
+    const w = this.frame(dst, srcPort, parts);
+    if (w !== undefined) this.transmit(this.socketFor(w.srcPort)!, dst, w.datagram);
+  }
+
+  frame(dst: PeerAddress, srcPort: number, parts: readonly Uint8Array[]): WireDatagram | undefined {
+    if (this.closed) {
+      this.drop.closed++;
+      return undefined;
+    }
+    const dstAddr = this.addressBytes(dst.address);
+    let len = this.opts.icrcGenerate ? ICRC_LEN : 0;
+    for (const p of parts) len += p.length;
+    if (dstAddr === undefined || len > this.opts.maxDatagram || len < BTH_LEN + (this.opts.icrcGenerate ? ICRC_LEN : 0) || !validPort(dst.port)) {
+      this.drop.sendError++;
+      return undefined;
+    }
+    const port = this.choosePort(srcPort);
+    const datagram = Buffer.allocUnsafe(len);
+    let at = 0;
+    for (const p of parts) {
+      datagram.set(p, at);
+      at += p.length;
+    }
+    if (this.opts.icrcGenerate) {
+      const info = this.info;
+      info.srcAddr = this.localAddr;
+      info.dstAddr = dstAddr;
+      info.srcPort = port;
+      info.dstPort = dst.port;
+      writeIcrc(datagram, icrcOfUdpPayload(info, datagram));
+    }
+    return { datagram, srcPort: port };
+  }
+
+  sendRaw(dst: PeerAddress, srcPort: number, datagram: Uint8Array): void {
+    if (this.closed) {
+      this.drop.closed++;
+      return;
+    }
+    // Only from exactly `srcPort`: the ICRC inside was computed for it.
+    const socket = srcPort === this.local.port ? this.main : this.choosePort(srcPort) === srcPort ? this.socketFor(srcPort) : undefined;
+    if (socket === undefined || datagram.length > this.opts.maxDatagram || !validPort(dst.port)) {
+      this.drop.sendError++;
+      return;
+    }
+    this.transmit(socket, dst, datagram);
+  }
+
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    this.handler = undefined;
+    this.rxHook = undefined;
+    const all = [this.main, ...[...this.flows.values()].map((f) => f.socket)];
+    this.flows.clear();
+    this.flowBySocket.clear();
+    await Promise.all(all.map(closeSocket));
+  }
+
+  // --- send -------------------------------------------------------------------------------
+
+  private transmit(socket: Socket, dst: PeerAddress, datagram: Uint8Array): void {
+    try {
+      if (this.sendDone) socket.send(datagram, dst.port, dst.address, this.sendDone);
+      else socket.send(datagram, dst.port, dst.address);
+      this.counters.sent++;
+      if (socket !== this.main) {
+        const f = this.flowBySocket.get(socket);
+        if (f?.state === 'binding') f.queued++;
+      }
+    } catch {
+      this.drop.sendError++;
+    }
+  }
+
+  /** The source port a datagram asking for `srcPort` leaves from; opens a flow socket if needed. */
+  private choosePort(srcPort: number): number {
+    const bound = this.local.port;
+    if (this.opts.sourcePorts === 'bound' || srcPort === bound) return bound;
+    if (!validPort(srcPort) || srcPort === 0) {
+      this.counters.flowFallbacks++;
+      return bound;
+    }
+    let f = this.flows.get(srcPort);
+    if (f === undefined) {
+      if (this.flows.size >= this.opts.maxFlowSockets) {
+        this.counters.flowFallbacks++;
+        return bound;
+      }
+      f = this.openFlow(srcPort);
+    }
+    if (f.state === 'failed') {
+      this.counters.flowFallbacks++;
+      return bound;
+    }
+    return srcPort;
+  }
+
+  private socketFor(port: number): Socket | undefined {
+    if (port === this.local.port) return this.main;
+    const f = this.flows.get(port);
+    return f !== undefined && f.state !== 'failed' ? f.socket : undefined;
+  }
+
+  private openFlow(port: number): FlowSocket {
+    const socket = dgram.createSocket(this.type === 'udp4' ? { type: 'udp4' } : { type: 'udp6', ipv6Only: true });
+    const f: FlowSocket = { socket, state: 'binding', queued: 0 };
+    this.flows.set(port, f);
+    this.flowBySocket.set(socket, f);
+    this.counters.flowSockets++;
+    // Registered before any send: dgram flushes its pre-bind queue from a later 'listening'
+    // listener, so the options are in place before the first datagram leaves.
+    socket.once('listening', () => {
+      f.state = 'bound';
+      f.queued = 0;
+      setBuffers(socket, undefined, this.opts.sendBufferBytes);
+      const ok = this.type === 'udp4'
+        ? optionIs(setAndReadBack(socket, IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO), IP_PMTUDISC_DO)
+        : optionIs(setAndReadBack(socket, SOL_UDP, UDP_NO_CHECK6_RX, 1), 1);
+      // The socket stays in use either way (its pre-bind queue is flushed right after this
+      // listener); a failure is counted, and the bound socket's `startup` says what it implies.
+      if (!ok) this.counters.flowOptionFailures++;
+    });
+    socket.on('error', () => {
+      if (f.state === 'binding') {
+        // Bind failed (port taken): dgram discarded what was queued.
+        this.drop.sendError += f.queued;
+        this.counters.sent -= f.queued;
+        f.state = 'failed';
+        f.queued = 0;
+        closeSocket(socket).catch(() => undefined);
+      } else {
+        this.drop.sendError++;
+      }
+    });
+    socket.on('message', (msg: Buffer, rinfo: RemoteInfo) => this.onMessage(msg, rinfo, port));
+    socket.bind({ address: this.local.address, port, exclusive: true });
+    return f;
+  }
+
+  // --- receive ----------------------------------------------------------------------------
+
+  private onMessage(msg: Buffer, rinfo: RemoteInfo, localPort: number): void {
+    if (this.closed) return;
+    if (this.probeNonce !== undefined && localPort === this.local.port && this.isProbe(msg, rinfo)) return;
+    const src: PeerAddress = { address: rinfo.address, port: rinfo.port };
+    const hook = this.rxHook;
+    if (hook === undefined) {
+      this.accept(msg, src, localPort, false);
+      return;
+    }
+    hook(msg, src, (datagram, ce = false) => this.accept(datagram, src, localPort, ce));
+  }
+
+  /** Length, BTH version and ICRC checks, then the handler. */
+  private accept(datagram: Uint8Array, src: PeerAddress, localPort: number, ce: boolean): void {
+    if (this.closed) {
+      this.drop.closed++;
+      return;
+    }
+    if (datagram.length < MIN_ICRC_PAYLOAD) {
+      this.drop.tooShort++;
+      return;
+    }
+    const srcAddr = this.addressBytes(src.address);
+    if ((datagram[1]! & 0x0f) !== 0 || srcAddr === undefined) {
+      this.drop.notRoce++;
+      return;
+    }
+    const info = this.info;
+    info.srcAddr = srcAddr;
+    info.dstAddr = this.localAddr;
+    info.srcPort = src.port;
+    info.dstPort = localPort;
+    const c = checkIcrc(info, datagram, this.opts.icrcVerify);
+    if (c.status === 'bad') {
+      this.drop.badIcrc++;
+      return;
+    }
+    this.counters.received++;
+    const meta: RxMeta = { src, icrc: c.status, ce, at: this.clock.now() };
+    if (c.ipId !== undefined) meta.ipId = c.ipId;
+    this.handler?.(datagram, meta);
+  }
+
+  /** Text address → bytes of this link's family, cached; undefined for anything else. */
+  private addressBytes(text: string): Uint8Array | undefined {
+    let b = this.addrCache.get(text);
+    if (b === undefined) {
+      const pct = text.indexOf('%');
+      const parsed = parseIpAddress(pct < 0 ? text : text.slice(0, pct));
+      b = parsed !== undefined && parsed.length === this.localAddr.length ? parsed : null;
+      if (this.addrCache.size >= 4096) this.addrCache.clear();
+      this.addrCache.set(text, b);
+    }
+    return b ?? undefined;
+  }
+
+  // --- start-up probe ---------------------------------------------------------------------
+
+  /**
+   * Sends a probe from the bound socket to itself and reads its real IPv4 header through a raw
+   * socket. The probe is a UD SEND_ONLY to QP 0xffffff (never a real QP) carrying a random nonce;
+   * the copy the UDP socket receives is swallowed by `isProbe`.
+   */
+  private async runProbe(timeoutMs: number): Promise<{ status: UdpLinkStartup['probe']; ipId?: number; df?: boolean; note?: string }> {
+    const obs = openIpv4Observer(this.localAddr);
+    if (!obs.ok) return { status: 'unverified', note: `no raw socket to observe the header: ${obs.message}` };
+    const observer = obs.value;
+    const nonce = randomBytes(8);
+    this.probeNonce = nonce;
+    try {
+      const bth = new Uint8Array([0x64, 0x00, 0xff, 0xff, 0x00, 0xff, 0xff, 0xff, 0x00, 0x00, 0x00, 0x00]);
+      this.send(this.local, this.local.port, [bth, new Uint8Array(8), nonce]);
+      const end = Date.now() + timeoutMs;
+      while (Date.now() < end) {
+        await new Promise((r) => setTimeout(r, 1));
+        for (const ip of observer.poll()) {
+          if (!this.isOwnProbe(ip, nonce)) continue;
+          const ipId = (ip[4]! << 8) | ip[5]!;
+          const df = (((ip[6]! << 8) | ip[7]!) & 0x4000) !== 0;
+          if (ipId !== 0 || !df) return { status: 'other-id', ipId, df };
+          return { status: checkIcrcOfIpDatagram(ip).status === 'ok' ? 'ok' : 'bad-icrc', ipId, df };
+        }
+      }
+      return { status: 'timeout' };
+    } finally {
+      observer.close();
+      // The UDP copy may still be on its way; keep swallowing it for a moment.
+      setTimeout(() => {
+        if (this.probeNonce === nonce) this.probeNonce = undefined;
+      }, 1000).unref();
+    }
+  }
+
+  /** An IPv4 datagram from and to our address and port whose UDP payload ends in `nonce` + ICRC. */
+  private isOwnProbe(ip: Uint8Array, nonce: Uint8Array): boolean {
+    const ihl = (ip[0]! & 0x0f) * 4;
+    if (ip[0]! >>> 4 !== 4 || ip[9] !== 17 || ip.length !== ihl + 8 + PROBE_LEN) return false;
+    for (let i = 0; i < 4; i++) if (ip[12 + i] !== this.localAddr[i] || ip[16 + i] !== this.localAddr[i]) return false;
+    const port = this.local.port;
+    if (((ip[ihl]! << 8) | ip[ihl + 1]!) !== port || ((ip[ihl + 2]! << 8) | ip[ihl + 3]!) !== port) return false;
+    return nonceAt(ip, ihl + 8 + 20, nonce);
+  }
+
+  /** The probe's own copy arriving on the UDP socket. */
+  private isProbe(msg: Uint8Array, rinfo: RemoteInfo): boolean {
+    const nonce = this.probeNonce;
+    return nonce !== undefined && msg.length === PROBE_LEN && rinfo.port === this.local.port && nonceAt(msg, 20, nonce);
+  }
+}
+
+/** BTH + DETH + 8-byte nonce + ICRC. */
+const PROBE_LEN = 12 + 8 + 8 + ICRC_LEN;
+
+function nonceAt(b: Uint8Array, at: number, nonce: Uint8Array): boolean {
+  for (let i = 0; i < nonce.length; i++) if (b[at + i] !== nonce[i]) return false;
+  return true;
+}
+
+function validPort(p: number): boolean {
+  return Number.isInteger(p) && p >= 0 && p <= 0xffff;
+}
+
+function optionIs(r: { ok: boolean; value?: number }, want: number): boolean {
+  return r.ok && r.value === want;
+}
+
+/** Asks for the buffer sizes (when given) and returns what the kernel granted: [receive, send]. */
+function setBuffers(socket: Socket, recv: number | undefined, send: number | undefined): [number, number] {
+  try {
+    if (recv !== undefined) socket.setRecvBufferSize(recv);
+  } catch {
+    // Refused sizes leave the default; the read-back below reports it.
+  }
+  try {
+    if (send !== undefined) socket.setSendBufferSize(send);
+  } catch {
+    // As above.
+  }
+  let r = 0;
+  let s = 0;
+  try {
+    r = socket.getRecvBufferSize();
+    s = socket.getSendBufferSize();
+  } catch {
+    // A closed socket: report zeros.
+  }
+  return [r, s];
+}
+
+function closeSocket(socket: Socket): Promise<void> {
+  return new Promise((resolve) => {
+    try {
+      socket.close(() => resolve());
+    } catch {
+      resolve(); // already closed
+    }
+  });
+}
+
+function definedOnly<T extends object>(o: T): Partial<T> {
+  const out: Partial<T> = {};
+  for (const k of Object.keys(o) as (keyof T)[]) if (o[k] !== undefined) out[k] = o[k];
+  return out;
+}
+

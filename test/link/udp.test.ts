@@ -1,0 +1,277 @@
+/**
+ * UdpLink over loopback: real sockets, real kernel. Covers the start-up checks (IP_PMTUDISC_DO
+ * proven by the ICRC, UDP_NO_CHECK6_RX read back and exercised with a zero-checksum sender),
+ * strict and recovering receivers, drops, garbage, per-flow source ports, and close.
+ */
+
+import t from 'tap';
+import { UdpLink, type LinkWarning } from '../../src/link/udp.js';
+import { openIpv4Observer, setsockoptInt, socketFd, SOL_UDP, UDP_NO_CHECK6_RX, UDP_NO_CHECK6_TX } from '../../src/link/sockopt.js';
+import { Xorshift32 } from '../../src/link/fault.js';
+import { checkIcrc, checkIcrcOfIpDatagram, icrcOfUdpPayload, writeIcrc, type UdpDatagramInfo } from '../../src/wire/icrc.js';
+import { parseIpAddress } from '../../src/wire/frame.js';
+import { closeSocket, concat, freePorts, plainSocket, psnOf, recorder, sendOnly, settle, until } from './helpers.js';
+
+const warnings: LinkWarning[] = [];
+const warn = (w: LinkWarning): void => {
+  warnings.push(w);
+};
+
+async function open(address: string, extra: Partial<Parameters<typeof UdpLink.open>[0]> = {}): Promise<UdpLink> {
+  const l = await UdpLink.open({ address, port: 0, warn, ...extra });
+  t.teardown(() => l.close());
+  return l;
+}
+
+/** A valid RoCEv2 datagram (ICRC for ID 0 + DF) as it would come from `from` to `to`. */
+function datagram(from: { address: string; port: number }, to: { address: string; port: number }, psn: number, ipId = 0): Uint8Array {
+  const d = concat([...sendOnly(psn, new Uint8Array(8).fill(0x5a)), new Uint8Array(4)]);
+  const src = parseIpAddress(from.address)!;
+  const info: UdpDatagramInfo = { family: src.length === 4 ? 4 : 6, srcAddr: src, dstAddr: parseIpAddress(to.address)!, srcPort: from.port, dstPort: to.port, ipId };
+  writeIcrc(d, icrcOfUdpPayload(info, d));
+  return d;
+}
+
+t.test('IPv4 start-up: IP_PMTUDISC_DO read back and proven by the probe', async (t) => {
+  const a = await open('127.0.0.1');
+  t.comment(`startup ${JSON.stringify(a.startup)}`);
+  t.same(a.startup.ffi, { ok: true }, 'koffi + libc loaded');
+  t.equal(a.startup.pmtuDiscover, 2, 'IP_MTU_DISCOVER reads back IP_PMTUDISC_DO');
+  t.equal(a.startup.probe, 'ok', 'the probe to itself verified with ID 0 + DF');
+  t.equal(a.startup.probeIpId, 0);
+  t.equal(a.ipIdZero, true);
+  t.ok(a.startup.recvBufferBytes >= 4 << 20, `receive buffer granted: ${a.startup.recvBufferBytes}`);
+  t.ok(a.startup.sendBufferBytes >= 1 << 20, `send buffer granted: ${a.startup.sendBufferBytes}`);
+  t.same(a.caps, { family: 4, icrcGenerate: true, icrcVerify: 'recover', maxDatagram: 65507 });
+  t.equal(a.counters.received, 0, 'the probe is not delivered as traffic');
+  t.same(warnings, [], 'no warnings');
+});
+
+t.test('IPv4 127.0.0.1 → 127.0.0.1: delivery, and the ICRC is valid for ID 0 in strict mode', async (t) => {
+  const a = await open('127.0.0.1');
+  const b = await open('127.0.0.1');
+  const strict = await open('127.0.0.1', { icrcVerify: 'strict' });
+  const gotB = recorder(b);
+  const gotS = recorder(strict);
+  for (let psn = 0; psn < 5; psn++) {
+    const parts = sendOnly(psn, new Uint8Array(13).fill(psn));
+    a.send(b.local, 0xc000, parts);
+    a.send(strict.local, 0xc000, parts);
+    parts[1]!.fill(0xee); // the caller may reuse its parts at once
+  }
+  await until(() => gotB.length === 5 && gotS.length === 5, 2000, '5 + 5 datagrams');
+  t.same(gotB.map((r) => psnOf(r.payload)), [0, 1, 2, 3, 4], 'in order, all there');
+  const r = gotB[2]!;
+  t.same(r.payload.subarray(12, 25), new Uint8Array(13).fill(2), 'payload as sent, not as reused');
+  t.equal(r.payload.length, 12 + 13 + 3 + 4, 'BTH + payload + pad + ICRC');
+  t.same(r.meta.src, a.local, 'src address and port');
+  t.equal(r.meta.icrc, 'ok', 'recover mode: matched at once with ID 0');
+  t.equal(r.meta.ipId, 0, 'the ID the ICRC implies is 0');
+  t.equal(r.meta.ce, false);
+  t.type(r.meta.at, 'number');
+  const info: UdpDatagramInfo = { family: 4, srcAddr: parseIpAddress('127.0.0.1')!, dstAddr: parseIpAddress('127.0.0.1')!, srcPort: a.local.port, dstPort: b.local.port };
+  t.equal(checkIcrc(info, r.payload, 'strict').status, 'ok', 'strict check with ID 0 + DF passes');
+  t.equal(gotS.length, 5, 'a strict receiver accepts every datagram');
+  t.equal(gotS[0]!.meta.icrc, 'ok');
+  t.equal(strict.drops.badIcrc, 0);
+  t.equal(a.counters.sent, 10);
+});
+
+t.test('IPv4 127.0.0.1 → 127.0.0.2 (all of 127/8 is local)', async (t) => {
+  const a = await open('127.0.0.1');
+  const b = await open('127.0.0.2', { icrcVerify: 'strict' });
+  t.equal(b.ipIdZero, true);
+  const got = recorder(b);
+  a.send(b.local, 0xc123, sendOnly(7, new Uint8Array(64)));
+  await until(() => got.length === 1);
+  t.same(got[0]!.meta.src, { address: '127.0.0.1', port: a.local.port });
+  t.equal(got[0]!.meta.icrc, 'ok');
+  // And back.
+  const gotA = recorder(a);
+  b.send(a.local, 0xc123, sendOnly(8, new Uint8Array(64)));
+  await until(() => gotA.length === 1);
+  t.same(gotA[0]!.meta.src, { address: '127.0.0.2', port: b.local.port });
+});
+
+t.test('on the wire (raw socket): the link sends ID 0 + DF, a default socket does not', async (t) => {
+  const obs = openIpv4Observer(parseIpAddress('127.0.0.9')!);
+  if (!obs.ok) throw new Error(`this test needs CAP_NET_RAW: ${obs.message}`);
+  t.teardown(() => obs.value.close());
+  const a = await open('127.0.0.1');
+  const sink = { address: '127.0.0.9', port: 9 }; // nobody listens: the raw socket still sees it
+  const plain = await plainSocket('127.0.0.1'); // node's default: IP_PMTUDISC_WANT
+  t.teardown(() => closeSocket(plain));
+  a.send(sink, 0, sendOnly(1, new Uint8Array(8)));
+  plain.send(datagram({ address: '127.0.0.1', port: plain.address().port }, sink, 2), sink.port, sink.address);
+  const seen: Uint8Array[] = [];
+  await until(() => (seen.push(...obs.value.poll()), seen.length >= 2), 2000, 'both datagrams on the wire');
+  const ours = seen.find((ip) => ((ip[20]! << 8) | ip[21]!) === a.local.port)!;
+  const theirs = seen.find((ip) => ((ip[20]! << 8) | ip[21]!) === plain.address().port)!;
+  const idOf = (ip: Uint8Array): number => (ip[4]! << 8) | ip[5]!;
+  t.equal(idOf(ours), 0, 'the link: ID 0');
+  t.equal(ours[6]! & 0x40, 0x40, 'the link: DF');
+  t.equal(checkIcrcOfIpDatagram(ours).status, 'ok', 'the link: ICRC right for the real header (what rxe checks)');
+  t.comment(`a default socket sent ID 0x${idOf(theirs).toString(16)}`);
+  t.not(idOf(theirs), 0, 'a default socket: the kernel picks a non-zero ID');
+  t.equal(checkIcrcOfIpDatagram(theirs).status, 'bad', 'so its ICRC, computed for ID 0, is wrong on the wire');
+});
+
+t.test('an rxe-like sender (ICRC for its own non-zero ID): recover mode finds the ID, strict drops', async (t) => {
+  const rec = await open('127.0.0.1');
+  const strict = await open('127.0.0.1', { icrcVerify: 'strict' });
+  const plain = await plainSocket('127.0.0.1');
+  t.teardown(() => closeSocket(plain));
+  const got = recorder(rec);
+  const gotS = recorder(strict);
+  const from = { address: '127.0.0.1', port: plain.address().port };
+  for (let i = 0; i < 4; i++) {
+    plain.send(datagram(from, rec.local, i, 0x24b0 + i), rec.local.port, '127.0.0.1');
+    plain.send(datagram(from, strict.local, i, 0x24b0 + i), strict.local.port, '127.0.0.1');
+  }
+  await until(() => got.length === 4 && strict.drops.badIcrc === 4, 2000, 'recovered and dropped');
+  t.same(got.map((r) => r.meta.icrc), ['ok-recovered', 'ok-recovered', 'ok-recovered', 'ok-recovered']);
+  t.same(got.map((r) => r.meta.ipId), [0x24b0, 0x24b1, 0x24b2, 0x24b3], 'the IDs the sender computed with');
+  t.equal(gotS.length, 0, 'the strict receiver accepted none');
+});
+
+t.test('corrupted ICRC, too short, not RoCE: dropped and counted', async (t) => {
+  const b = await open('127.0.0.1');
+  const plain = await plainSocket('127.0.0.1');
+  t.teardown(() => closeSocket(plain));
+  const got = recorder(b);
+  const from = { address: '127.0.0.1', port: plain.address().port };
+  const bad = datagram(from, b.local, 1);
+  bad[bad.length - 1]! ^= 0x01;
+  plain.send(bad, b.local.port, '127.0.0.1');
+  const payloadFlip = datagram(from, b.local, 2);
+  payloadFlip[14]! ^= 0x80;
+  plain.send(payloadFlip, b.local.port, '127.0.0.1');
+  plain.send(new Uint8Array(15), b.local.port, '127.0.0.1');
+  const tver = datagram(from, b.local, 3);
+  tver[1]! |= 0x03;
+  plain.send(tver, b.local.port, '127.0.0.1');
+  plain.send(datagram(from, b.local, 4), b.local.port, '127.0.0.1');
+  await until(() => got.length === 1, 2000, 'the good one');
+  t.equal(psnOf(got[0]!.payload), 4, 'only the good datagram is delivered');
+  t.equal(b.drops.badIcrc, 2, 'bad ICRC and flipped payload bit');
+  t.equal(b.drops.tooShort, 1);
+  t.equal(b.drops.notRoce, 1);
+});
+
+t.test('random garbage datagrams are counted as drops and never throw', async (t) => {
+  const b = await open('127.0.0.1');
+  const plain = await plainSocket('127.0.0.1');
+  t.teardown(() => closeSocket(plain));
+  const got = recorder(b);
+  const rng = new Xorshift32(0xdecaf);
+  const N = 300;
+  for (let i = 0; i < N; i++) {
+    const len = rng.next() % 200;
+    const d = new Uint8Array(len);
+    for (let j = 0; j < len; j++) d[j] = rng.next() & 0xff;
+    plain.send(d, b.local.port, '127.0.0.1');
+    if (i % 25 === 24) await settle(5); // stay well under the socket buffer
+  }
+  const total = (): number => Object.values(b.drops).reduce((x, y) => x + y, 0);
+  await until(() => total() === N, 3000, `${N} drops`);
+  t.equal(got.length, 0, 'nothing reached the handler');
+  t.ok(b.drops.tooShort > 0 && b.drops.badIcrc > 0 && b.drops.notRoce > 0, JSON.stringify(b.drops));
+});
+
+t.test('IPv6 over ::1: UDP_NO_CHECK6_RX read back, exact ICRC, zero-checksum senders heard', async (t) => {
+  const a = await open('::1');
+  const b = await open('::1');
+  t.comment(`startup ${JSON.stringify(b.startup)}`);
+  t.equal(b.startup.noCheck6Rx, true, 'UDP_NO_CHECK6_RX reads back 1');
+  t.equal(b.noCheck6Rx, true);
+  const r = b.readSocketOption(SOL_UDP, UDP_NO_CHECK6_RX);
+  t.same(r, { ok: true, value: 1 }, 'getsockopt on the live socket');
+  t.equal(b.ipIdZero, true, 'no IP ID in IPv6');
+  t.equal(b.caps.family, 6);
+
+  const got = recorder(b);
+  a.send(b.local, 0xc001, sendOnly(1, new Uint8Array(32).fill(1)));
+  await until(() => got.length === 1);
+  t.same(got[0]!.meta.src, { address: '::1', port: a.local.port });
+  t.equal(got[0]!.meta.icrc, 'ok', 'exact check');
+  t.equal(got[0]!.meta.ipId, undefined);
+
+  // rxe's way: UDP checksum 0 (UDP_NO_CHECK6_TX on the sender).
+  const rxeLike = await plainSocket('::1');
+  t.teardown(() => closeSocket(rxeLike));
+  t.same(setsockoptInt(socketFd(rxeLike)!, SOL_UDP, UDP_NO_CHECK6_TX, 1), { ok: true, value: undefined });
+  const from = { address: '::1', port: rxeLike.address().port };
+  rxeLike.send(datagram(from, b.local, 2), b.local.port, '::1');
+  await until(() => got.length === 2, 2000, 'the zero-checksum datagram');
+  t.equal(psnOf(got[1]!.payload), 2, 'heard a zero-checksum datagram');
+
+  // Control: a plain udp6 socket never hears it (the kernel drops it), only the next normal one.
+  const deaf = await plainSocket('::1');
+  t.teardown(() => closeSocket(deaf));
+  const heard: number[] = [];
+  deaf.on('message', (m) => heard.push(psnOf(m)));
+  const to = { address: '::1', port: deaf.address().port };
+  rxeLike.send(datagram(from, to, 3), to.port, '::1');
+  a.send(to, 0, sendOnly(4, new Uint8Array(4)));
+  await until(() => heard.length > 0, 2000, 'the normal datagram');
+  await settle(20);
+  t.same(heard, [4], 'without UDP_NO_CHECK6_RX the zero-checksum datagram is lost');
+});
+
+t.test("per-flow source ports: the receiver sees rxe-style ports, ICRCs valid", async (t) => {
+  const [p1, p2, p3] = await freePorts('127.0.0.1', 3);
+  const a = await open('127.0.0.1', { sourcePorts: 'per-flow', maxFlowSockets: 2 });
+  const b = await open('127.0.0.1', { icrcVerify: 'strict' });
+  const got = recorder(b);
+  a.send(b.local, p1!, sendOnly(1, new Uint8Array(4)));
+  a.send(b.local, p2!, sendOnly(2, new Uint8Array(4)));
+  a.send(b.local, p1!, sendOnly(3, new Uint8Array(4)));
+  a.send(b.local, p3!, sendOnly(4, new Uint8Array(4))); // over the cap: bound port
+  a.send(b.local, a.local.port, sendOnly(5, new Uint8Array(4)));
+  await until(() => got.length === 5, 2000, '5 datagrams');
+  const byPsn = new Map(got.map((r) => [psnOf(r.payload), r.meta]));
+  t.equal(byPsn.get(1)?.src.port, p1);
+  t.equal(byPsn.get(2)?.src.port, p2);
+  t.equal(byPsn.get(3)?.src.port, p1);
+  t.equal(byPsn.get(4)?.src.port, a.local.port, 'beyond the cap: the bound port');
+  t.equal(byPsn.get(5)?.src.port, a.local.port);
+  t.ok(got.every((r) => r.meta.icrc === 'ok'), 'every ICRC computed for the port actually used');
+  t.equal(a.counters.flowSockets, 2);
+  t.equal(a.counters.flowFallbacks, 1);
+  t.equal(a.counters.flowOptionFailures, 0);
+  t.equal(b.drops.badIcrc, 0);
+});
+
+t.test('per-flow: a port that cannot be bound costs the queued sends, then falls back', async (t) => {
+  const a = await open('127.0.0.1', { sourcePorts: 'per-flow' });
+  const b = await open('127.0.0.1', { icrcVerify: 'strict' });
+  const got = recorder(b);
+  const taken = b.local.port; // bound by b
+  a.send(b.local, taken, sendOnly(1, new Uint8Array(4)));
+  await until(() => a.drops.sendError === 1, 2000, 'the failed bind');
+  a.send(b.local, taken, sendOnly(2, new Uint8Array(4)));
+  await until(() => got.length === 1);
+  t.equal(psnOf(got[0]!.payload), 2);
+  t.equal(got[0]!.meta.src.port, a.local.port, 'sent from the bound port');
+  t.equal(got[0]!.meta.icrc, 'ok');
+  t.equal(a.counters.flowFallbacks, 1);
+});
+
+t.test('send errors and close', async (t) => {
+  const a = await UdpLink.open({ address: '127.0.0.1', port: 0, warn });
+  const b = await open('127.0.0.1');
+  a.send({ address: '::1', port: 4791 }, 0, sendOnly(1, new Uint8Array(4)));
+  a.send({ address: 'nonsense', port: 4791 }, 0, sendOnly(1, new Uint8Array(4)));
+  a.send(b.local, 0, sendOnly(1, new Uint8Array(70000)));
+  a.send(b.local, 0, [new Uint8Array(3)]);
+  t.equal(a.drops.sendError, 4, 'wrong family, bad address, too long, too short');
+  const port = a.local.port;
+  await a.close();
+  a.send(b.local, 0, sendOnly(1, new Uint8Array(4)));
+  t.equal(a.drops.closed, 1, 'sends after close are counted');
+  await a.close(); // idempotent
+  const again = await open('127.0.0.1', { port });
+  t.equal(again.local.port, port, 'the port is free again');
+  await t.rejects(UdpLink.open({ address: '127.0.0.1', port, warn }), { code: 'EADDRINUSE' }, 'a taken port fails open');
+  await t.rejects(UdpLink.open({ address: 'localhost', port: 0, warn }), RangeError, 'a host name is not an address');
+});
