@@ -7,11 +7,13 @@
 
 import { CliError, EXIT } from './errors.js';
 import { decodeCommand, DECODE_USAGE } from './decode.js';
+import { explainCommand, EXPLAIN_USAGE } from './explain.js';
 
 type Command = (argv: string[], out: (line: string) => void) => number | Promise<number>;
 
 const COMMANDS: Record<string, { run: Command; usage: string; summary: string }> = {
   decode: { run: decodeCommand, usage: DECODE_USAGE, summary: 'print every RoCEv2 packet of a pcap/pcapng capture, with its ICRC verdict' },
+  explain: { run: explainCommand, usage: EXPLAIN_USAGE, summary: 'walk a capture packet by packet in plain words: opcodes, fields, ACKs, NAKs, retransmissions' },
 };
 
 function usage(): string {
