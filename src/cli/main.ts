@@ -8,12 +8,14 @@
 import { CliError, EXIT } from './errors.js';
 import { decodeCommand, DECODE_USAGE } from './decode.js';
 import { explainCommand, EXPLAIN_USAGE } from './explain.js';
+import { simCommand, SIM_USAGE } from './sim.js';
 
 type Command = (argv: string[], out: (line: string) => void) => number | Promise<number>;
 
 const COMMANDS: Record<string, { run: Command; usage: string; summary: string }> = {
   decode: { run: decodeCommand, usage: DECODE_USAGE, summary: 'print every RoCEv2 packet of a pcap/pcapng capture, with its ICRC verdict' },
   explain: { run: explainCommand, usage: EXPLAIN_USAGE, summary: 'walk a capture packet by packet in plain words: opcodes, fields, ACKs, NAKs, retransmissions' },
+  sim: { run: simCommand, usage: SIM_USAGE, summary: 'simulate DCQCN flows into an ECN-marking bottleneck; write CSV and SVG' },
 };
 
 function usage(): string {
