@@ -25,7 +25,9 @@ import type { RocePacket } from '../wire/packet.js';
 import { formatPacket } from '../wire/pretty.js';
 import { psnAdd, psnDiff } from '../wire/psn.js';
 import type { DecodedFrame } from './decode.js';
-import { decodeMad, describeServiceId, MGMT_CLASS_CM, REJECT_REASONS, type Mad } from './mad.js';
+import { MGMT_CLASS } from '../cm/mad.js';
+import { CM_ATTR, CM_REJ_REASON, mtuOfCode, rejReasonName } from '../cm/messages.js';
+import { describeMad, describeServiceId, type NamedMad } from './mad.js';
 
 export interface ExplainOptions {
   /** Which frames to print; every frame is still tracked so relations stay right. */
@@ -456,47 +458,56 @@ function explainDatagram(t: Tracker, f: Flow, d: DecodedFrame, p: RocePacket, it
   item.rel.push(`Datagram ${f.messages} from ${d.src}${src} to ${d.dst} QP ${hexQp(p.bth.destQp)}: ${p.payload.length} bytes. UD is never acknowledged and never retransmitted; its PSN is not checked.`);
   if (p.bth.destQp !== 1) return;
   item.rel.push('A Communication Management MAD to QP1, the GSI (General Services Interface): see IBTA ch. 12.');
-  const mad = decodeMad(p.payload);
-  if (!mad) {
-    item.rel.push('Its payload does not start like a MAD (base version 1).');
+  const r = describeMad(p.payload);
+  if (!r.ok) {
+    item.rel.push(r.error === 'TOO_SHORT'
+      ? `Its payload is too short to be a MAD (${p.payload.length} bytes; every MAD is 256), so QP1 drops it.`
+      : 'Its payload does not start like a MAD (base version 1).');
     return;
   }
+  const mad = r.mad;
   const h = mad.header;
   item.rel.push(
     `MAD: base version ${h.baseVersion}, class 0x${h.mgmtClass.toString(16).padStart(2, '0')} ${mad.className} v${h.classVersion}, ` +
-      `method ${mad.methodName} (0x${h.method.toString(16).padStart(2, '0')}), attribute ${mad.attributeName} (0x${h.attributeId.toString(16).padStart(4, '0')}), ` +
+      `method ${mad.methodName} (0x${mad.methodByte.toString(16).padStart(2, '0')}), attribute ${mad.attributeName} (0x${h.attributeId.toString(16).padStart(4, '0')}), ` +
       `transaction ${hex64(h.transactionId)}${h.status ? `, status 0x${h.status.toString(16)}` : ''}.`,
   );
-  if (h.mgmtClass === MGMT_CLASS_CM) {
+  if (h.mgmtClass === MGMT_CLASS.CM) {
     t.cmMessages.set(mad.attributeName, (t.cmMessages.get(mad.attributeName) ?? 0) + 1);
     const s = describeCm(t, d, mad);
     if (s) item.rel.push(s);
   }
 }
 
-function describeCm(t: Tracker, d: DecodedFrame, mad: Mad): string | undefined {
-  const cm = mad.cm;
+const KNOWN_REJ_REASONS: ReadonlySet<number> = new Set(Object.values(CM_REJ_REASON));
+
+/** What a CM message does; `mad.cm` is absent when `src/cm` could not decode the body. */
+function describeCm(t: Tracker, d: DecodedFrame, mad: NamedMad): string | undefined {
+  const m = mad.cm;
   switch (mad.header.attributeId) {
-    case 0x0010:
-      if (!cm || cm.localQpn === undefined || cm.startingPsn === undefined) return 'The active side asks to connect.';
-      t.cm.push({ frame: d.frame, host: d.src, qpn: cm.localQpn, psn: cm.startingPsn, what: 'ConnectRequest' });
-      return `The active side asks to connect: ${d.src} offers its QP ${hexQp(cm.localQpn)} and expects the first request it receives there to carry PSN ${hex24(cm.startingPsn)}` +
-        `${cm.serviceId !== undefined ? `; service ID ${describeServiceId(cm.serviceId)}` : ''}${cm.pathMtu ? `; path MTU ${cm.pathMtu}` : ''}.`;
-    case 0x0013:
-      if (!cm || cm.localQpn === undefined || cm.startingPsn === undefined) return 'The passive side accepts the connection.';
-      t.cm.push({ frame: d.frame, host: d.src, qpn: cm.localQpn, psn: cm.startingPsn, what: 'ConnectReply' });
-      return `The passive side accepts: ${d.src} offers its QP ${hexQp(cm.localQpn)} and expects the first request it receives there to carry PSN ${hex24(cm.startingPsn)}.`;
-    case 0x0014:
-      return 'The active side confirms the reply: both QPs are now ready to send (RTS), and traffic may start.';
-    case 0x0011:
-      return 'Message Receipt Acknowledgement: "I got your message, but need more time to answer".';
-    case 0x0012: {
-      const r = cm?.rejectReason;
-      return `The connection is refused${r !== undefined ? `: reason ${r}${REJECT_REASONS[r] ? ` (${REJECT_REASONS[r]})` : ''}` : ''}.`;
+    case CM_ATTR.REQ: {
+      if (m?.kind !== 'REQ') return 'The active side asks to connect.';
+      t.cm.push({ frame: d.frame, host: d.src, qpn: m.localQpn, psn: m.startingPsn, what: mad.attributeName });
+      const mtu = mtuOfCode(m.pathMtu);
+      return `The active side asks to connect: ${d.src} offers its QP ${hexQp(m.localQpn)} and expects the first request it receives there to carry PSN ${hex24(m.startingPsn)}` +
+        `; service ID ${describeServiceId(m.serviceId)}${mtu ? `; path MTU ${mtu}` : ''}.`;
     }
-    case 0x0015:
-      return `Asks to tear the connection down${cm?.remoteQpn !== undefined ? ` (the peer's QP ${hexQp(cm.remoteQpn)})` : ''}; the QPs stop sending.`;
-    case 0x0016:
+    case CM_ATTR.REP:
+      if (m?.kind !== 'REP') return 'The passive side accepts the connection.';
+      t.cm.push({ frame: d.frame, host: d.src, qpn: m.localQpn, psn: m.startingPsn, what: mad.attributeName });
+      return `The passive side accepts: ${d.src} offers its QP ${hexQp(m.localQpn)} and expects the first request it receives there to carry PSN ${hex24(m.startingPsn)}.`;
+    case CM_ATTR.RTU:
+      return 'The active side confirms the reply: both QPs are now ready to send (RTS), and traffic may start.';
+    case CM_ATTR.MRA:
+      return 'Message Receipt Acknowledgement: "I got your message, but need more time to answer".';
+    case CM_ATTR.REJ: {
+      if (m?.kind !== 'REJ') return 'The connection is refused.';
+      const r = m.reason;
+      return `The connection is refused: reason ${r}${KNOWN_REJ_REASONS.has(r) ? ` (${rejReasonName(r)})` : ''}.`;
+    }
+    case CM_ATTR.DREQ:
+      return `Asks to tear the connection down${m?.kind === 'DREQ' ? ` (the peer's QP ${hexQp(m.remoteQpn)})` : ''}; the QPs stop sending.`;
+    case CM_ATTR.DREP:
       return 'Confirms the disconnect: the connection is gone.';
     default:
       return undefined;

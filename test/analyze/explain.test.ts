@@ -8,7 +8,8 @@ import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { decodeCapture } from '../../src/analyze/decode.js';
 import { explainCapture, parseFrameSelection, renderExplanation, type Explanation } from '../../src/analyze/explain.js';
-import { decodeMad } from '../../src/analyze/mad.js';
+import { describeMad } from '../../src/analyze/mad.js';
+import { CM_REJ_REASON, cmMadBytes, cmMadHeader } from '../../src/cm/messages.js';
 import { readCapture } from '../../src/pcap/reader.js';
 import { parseFrame } from '../../src/wire/frame.js';
 
@@ -158,9 +159,27 @@ t.test('rping: CM MADs to QP1, and the QPs and PSNs they announce', async (t) =>
 
   // The MAD decoder on its own.
   const rec = [...decodeCapture(readFileSync(join(FIX, 'rping.pcap')), { icrc: 'off', port: 4791 })].find((d) => d.frame === 247)!;
-  const mad = decodeMad(rec.packet!.payload)!;
-  t.match(mad, { header: { baseVersion: 1, mgmtClass: 7, classVersion: 2, method: 3, attributeId: 0x15 }, attributeName: 'DisconnectRequest', cm: { remoteQpn: 0x11 } });
-  t.equal(decodeMad(new Uint8Array(10)), undefined);
+  const r = describeMad(rec.packet!.payload);
+  t.match(r, { ok: true, mad: { header: { baseVersion: 1, mgmtClass: 7, classVersion: 2, method: 3, attributeId: 0x15 }, attributeName: 'DisconnectRequest', cm: { kind: 'DREQ', remoteQpn: 0x11 } } });
+  t.match(describeMad(new Uint8Array(10)), { ok: false, error: 'TOO_SHORT' });
+});
+
+t.test('rping with its REP replaced by a REJ, and a short MAD', async (t) => {
+  const frames = [...decodeCapture(readFileSync(join(FIX, 'rping.pcap')), { icrc: 'off', port: 4791 })];
+  const rep = frames.find((d) => d.frame === 5)!.packet!;
+  rep.payload.set(cmMadBytes({
+    header: cmMadHeader('REJ', 0x299ee5ca1n),
+    msg: {
+      kind: 'REJ', localCommId: 1, remoteCommId: 2, messageRejected: 0, rejectedInfoLength: 0,
+      reason: CM_REJ_REASON.INVALID_SERVICE_ID, ari: new Uint8Array(0), privateData: new Uint8Array(0),
+    },
+  }));
+  const rtu = frames.find((d) => d.frame === 6)!.packet!;
+  rtu.payload = rtu.payload.subarray(0, 100);
+  const e = explainCapture(frames);
+  t.match(frameText(e, 5), 'attribute ConnectReject (0x0012)');
+  t.match(frameText(e, 5), 'The connection is refused: reason 8 (Invalid Service ID).');
+  t.match(frameText(e, 6), 'Its payload is too short to be a MAD (100 bytes; every MAD is 256), so QP1 drops it.');
 });
 
 t.test('UD: Q_Key and source QP from the DETH', async (t) => {
