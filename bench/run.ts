@@ -1,34 +1,53 @@
 /**
- * `npm run bench [-- --quick] [--json FILE]`: runs every benchmark in this folder in one
- * process, one after another, and prints one table of medians with ratios to each group's
- * baseline (measured in the same run). Benchmarks never run as part of `npm test`.
+ * `npm run bench [-- --quick] [--json FILE]`: runs every benchmark in this folder, one after another,
+ * and prints one table per suite of medians with ratios to each group's baseline (measured in the
+ * same run). The two-process suites spawn their own pinned children (`procs.ts`); the rest run in this
+ * process. Benchmarks never run as part of `npm test`.
  */
 
 import { writeFileSync } from 'node:fs';
-import { cpus } from 'node:os';
+import { performance } from 'node:perf_hooks';
 import { parseArgs } from 'node:util';
 import { formatRows, type BenchRow } from './harness.js';
 import * as crc from './crc.bench.js';
+import * as dgramBench from './dgram.bench.js';
+import { machineLine } from './procs.js';
 import * as wire from './wire.bench.js';
+import * as dcqcn from './dcqcn.bench.js';
 
-const SUITES: { name: string; run: (o: { quick: boolean }) => Promise<BenchRow[]> }[] = [
+interface SuiteOptions {
+  quick: boolean;
+  log: (line: string) => void;
+}
+
+const SUITES: { name: string; run: (o: SuiteOptions) => Promise<BenchRow[]> }[] = [
+  { name: 'dgram baselines, two processes over 127.0.0.1', run: dgramBench.run },
   { name: 'CRC-32 and ICRC', run: crc.run },
   { name: 'header codecs', run: wire.run },
+  { name: 'DCQCN simulator', run: dcqcn.run },
 ];
 
 const { values } = parseArgs({ options: { quick: { type: 'boolean', default: false }, json: { type: 'string' } } });
 const quick = values.quick ?? false;
-const cpu = cpus()[0]?.model ?? 'unknown CPU';
-console.log(`roce-ts benchmarks — node ${process.version}, ${cpus().length} × ${cpu}${quick ? ' (quick)' : ''}`);
+console.log(`roce-ts benchmarks${quick ? ' (quick)' : ''} — ${new Date().toISOString()}`);
+console.log(machineLine());
 const all: BenchRow[] = [];
+const log = (line: string): void => console.log(line);
 for (const s of SUITES) {
+  console.log(`\n## ${s.name}\n`);
   const t0 = performance.now();
-  const rows = await s.run({ quick });
-  console.log(`\n## ${s.name} (${((performance.now() - t0) / 1000).toFixed(1)} s)\n`);
-  console.log(formatRows(rows));
-  all.push(...rows);
+  try {
+    const rows = await s.run({ quick, log });
+    console.log(formatRows(rows));
+    all.push(...rows);
+  } catch (e) {
+    console.log(`FAILED: ${e instanceof Error ? e.message : String(e)}`);
+    process.exitCode = 1;
+  }
+  console.log(`(${((performance.now() - t0) / 1000).toFixed(1)} s)`);
 }
+const num = (x: number | undefined): number | null => (x === undefined || !Number.isFinite(x) ? null : x);
 if (values.json) {
-  writeFileSync(values.json, JSON.stringify(all.map((r) => ({ name: r.name, value: r.value, unit: r.unit, baseline: r.baseline ?? null, ratio: r.ratio ?? null })), null, 2) + '\n');
+  writeFileSync(values.json, JSON.stringify(all.map((r) => ({ name: r.name, value: num(r.value), unit: r.unit, baseline: r.baseline ?? null, ratio: num(r.ratio) })), null, 2) + '\n');
   console.log(`\nrows written to ${values.json}`);
 }
