@@ -1,0 +1,265 @@
+/**
+ * The completer: consumes responses (ACK, NAK, RDMA READ response, ATOMIC ACK) and the ACK
+ * timer, retires send WQEs in order, and decides on retries.
+ *
+ * Read first: IBTA Vol. 1 §9.7.5 (requester: responses, implied acknowledgement C9-115..C9-119,
+ * NAK handling, retry and RNR counters), §9.9.2 (requester error classes), §10.7.3.1 (signaled
+ * completions; errors always complete). rdma_rxe: rxe_comp.c (`check_psn`, `check_ack`,
+ * `do_read`, `do_atomic`, `complete_ack`, the ERROR_RETRY and RNR_RETRY states).
+ *
+ * It never touches the requester. It returns what should happen — go back to a PSN, wait for
+ * an RNR timer, fail the QP — and the QP applies it.
+ */
+
+import { aethKind, aethValue, NAK_CODE } from '../wire/aeth.js';
+import type { OpcodeInfo } from '../wire/opcode.js';
+import { OPCODE } from '../wire/opcode.js';
+import type { RocePacket } from '../wire/packet.js';
+import { psnAdd, psnDiff } from '../wire/psn.js';
+import type { EngineContext } from './context.js';
+import { scatter } from './mr.js';
+import { RETRY_INFINITE, rnrTimerUs, type Micros } from './time.js';
+import type { Psn, WcStatus } from './types.js';
+import type { SendWqe, WorkQueue } from './wqe.js';
+
+export type CompleterAction =
+  /** Nothing for the QP to do (the packet was stale, a duplicate, or ignored). */
+  | { kind: 'none' }
+  /** The completer made progress (completed WQEs or advanced its PSN): restart the ACK timer. */
+  | { kind: 'progress' }
+  /** Go-back-N from `from`. */
+  | { kind: 'retry'; from: Psn }
+  /** RNR NAK: resend from `from` after `delayUs`. */
+  | { kind: 'rnrWait'; from: Psn; delayUs: Micros }
+  /** The head WQE failed: complete it with `status`, then the QP goes to ERR. */
+  | { kind: 'fatal'; wqe: SendWqe; status: WcStatus; vendorErr: number };
+
+const NONE: CompleterAction = { kind: 'none' };
+const PROGRESS: CompleterAction = { kind: 'progress' };
+const RC_READ_RESPONSE_MIDDLE = OPCODE['RC_RDMA_READ_RESPONSE_MIDDLE']!;
+const RC_READ_RESPONSE_LAST = OPCODE['RC_RDMA_READ_RESPONSE_LAST']!;
+
+/** How the completer retires a WQE: the QP removes it, posts its completion, frees its read slot. */
+export type RetireFn = (wqe: SendWqe) => void;
+
+export class Completer {
+  /** The oldest PSN not yet acknowledged (rxe comp.psn). */
+  psn: Psn = 0;
+  /** The read response sequence in progress: the last READ response FIRST/MIDDLE opcode, or -1. */
+  private opcode = -1;
+  retryCnt = 0;
+  rnrRetry = 0;
+  /** A NAK- or timeout-driven retry is under way with no progress since (rxe started_retry). */
+  private startedRetry = false;
+
+  reset(sqPsn: Psn, retryCnt: number, rnrRetry: number): void {
+    this.psn = sqPsn;
+    this.opcode = -1;
+    this.retryCnt = retryCnt;
+    this.rnrRetry = rnrRetry;
+    this.startedRetry = false;
+  }
+
+  private resetRetryCounters(ctx: EngineContext): void {
+    this.retryCnt = ctx.attrs.retryCnt;
+    this.rnrRetry = ctx.attrs.rnrRetry;
+    this.startedRetry = false;
+  }
+
+  private advanceTo(psn: Psn): void {
+    if (psnDiff(psn, this.psn) > 0) this.psn = psn;
+  }
+
+  /** Processes one response packet. */
+  onResponse(ctx: EngineContext, sq: WorkQueue<SendWqe>, pkt: RocePacket, info: OpcodeInfo, retire: RetireFn): CompleterAction {
+    let progressed = false;
+    const psn = pkt.bth.psn;
+    for (;;) {
+      const wqe = sq.peek();
+      // get_wqe: a response with nothing outstanding is a ghost (late duplicate or a confused peer).
+      if (!wqe || wqe.state === 'posted' || wqe.state === 'done') {
+        ctx.counters.unexpectedResponse++;
+        return progressed ? PROGRESS : NONE;
+      }
+      // check_psn: a response beyond this WQE acknowledges it implicitly (C9-115) — unless it is
+      // a READ/atomic, whose own response must have been lost: retry.
+      if (psnDiff(psn, wqe.lastPsn) > 0) {
+        if (wqe.state !== 'pending') {
+          ctx.counters.unexpectedResponse++;
+          return progressed ? PROGRESS : NONE;
+        }
+        if (wqe.readOrAtomic) {
+          const a = this.errorRetry(ctx, wqe, false);
+          return a.kind === 'none' && progressed ? PROGRESS : a;
+        }
+        this.advanceTo(psnAdd(wqe.lastPsn, 1));
+        this.opcode = -1;
+        this.resetRetryCounters(ctx);
+        retire(wqe);
+        progressed = true;
+        continue;
+      }
+      const diff = psnDiff(psn, this.psn);
+      if (diff < 0) {
+        // Older than anything outstanding: a duplicate ACK or a replayed response.
+        ctx.counters.staleResponse++;
+        return progressed ? PROGRESS : NONE;
+      }
+      if (diff > 0 && wqe.readOrAtomic) {
+        // READ responses must arrive in order; a gap means one was lost. Re-request from the
+        // gap now rather than at the ACK timeout, once per gap (as a PSN sequence NAK would).
+        ctx.counters.staleResponse++;
+        const a = this.errorRetry(ctx, wqe, false);
+        return a.kind === 'none' && progressed ? PROGRESS : a;
+      }
+      const a = this.checkAck(ctx, wqe, pkt, info, retire);
+      return a.kind === 'none' && progressed ? PROGRESS : a;
+    }
+  }
+
+  /** check_ack and what follows it, for the head WQE and a response at or after comp PSN. */
+  private checkAck(ctx: EngineContext, wqe: SendWqe, pkt: RocePacket, info: OpcodeInfo, retire: RetireFn): CompleterAction {
+    const psn = pkt.bth.psn;
+    // Read response sequence (C9-118): the response at the WQE's first PSN starts the data
+    // (FIRST/ONLY); any later one continues it (MIDDLE/LAST) — also after a retry from the
+    // middle, where the responder replays from the requested PSN. Decided by position, not by
+    // the previous opcode, so a replay needs no special case.
+    if (info.kind === 'readResponse' && wqe.opcode === 'RDMA_READ') {
+      const atStart = psn === wqe.firstPsn;
+      if (atStart !== info.start || (this.opcode !== -1 && info.start)) {
+        ctx.counters.badOpcodeSeq++;
+        return NONE;
+      }
+    } else if (this.opcode !== -1 && pkt.bth.opcode !== RC_READ_RESPONSE_MIDDLE && pkt.bth.opcode !== RC_READ_RESPONSE_LAST) {
+      ctx.counters.badOpcodeSeq++;
+      return NONE;
+    }
+
+    switch (info.kind) {
+      case 'readResponse': {
+        if (pkt.aeth && aethKind(pkt.aeth.syndrome) !== 'ACK') {
+          ctx.counters.unexpectedResponse++;
+          return NONE;
+        }
+        if (wqe.opcode !== 'RDMA_READ') return fatal(wqe, 'BAD_RESP_ERR', 0);
+        this.resetRetryCounters(ctx);
+        const mtu = ctx.attrs.pathMtu;
+        const off = psnDiff(psn, wqe.firstPsn) * mtu;
+        const expect = Math.min(mtu, wqe.length - off);
+        const len = pkt.payload.length;
+        // Every response but the last carries exactly one MTU (C9-121 area); anything else is a bad response.
+        if (len > expect || (!info.end && len !== expect)) return fatal(wqe, 'BAD_RESP_ERR', 0);
+        if (len > 0 && !scatter(wqe.segments!, off, pkt.payload)) return fatal(wqe, 'LOC_LEN_ERR', 0);
+        wqe.readPlaced = off + len;
+        this.psn = psnAdd(psn, 1);
+        if (!info.end) {
+          this.opcode = pkt.bth.opcode;
+          return PROGRESS;
+        }
+        this.opcode = -1;
+        if (psn !== wqe.lastPsn || wqe.readPlaced !== wqe.length) return fatal(wqe, 'BAD_RESP_ERR', 0);
+        retire(wqe);
+        return PROGRESS;
+      }
+      case 'atomicAck': {
+        if (!pkt.aeth || aethKind(pkt.aeth.syndrome) !== 'ACK') {
+          ctx.counters.unexpectedResponse++;
+          return NONE;
+        }
+        if (wqe.opcode !== 'ATOMIC_CMP_AND_SWP' && wqe.opcode !== 'ATOMIC_FETCH_AND_ADD') return fatal(wqe, 'BAD_RESP_ERR', 0);
+        this.resetRetryCounters(ctx);
+        // The original value lands in the local buffer in host (little-endian) order, as libibverbs does.
+        const orig = new Uint8Array(8);
+        new DataView(orig.buffer).setBigUint64(0, pkt.atomicAckEth!.originalData, true);
+        if (!scatter(wqe.segments!, 0, orig)) return fatal(wqe, 'LOC_LEN_ERR', 0);
+        this.psn = psnAdd(psn, 1);
+        retire(wqe);
+        return PROGRESS;
+      }
+      case 'ack': {
+        const syn = pkt.aeth!.syndrome;
+        switch (aethKind(syn)) {
+          case 'ACK':
+            if (wqe.readOrAtomic) {
+              // A plain ACK cannot answer a READ or atomic; treat as stale.
+              ctx.counters.staleResponse++;
+              return NONE;
+            }
+            this.resetRetryCounters(ctx);
+            this.psn = psnAdd(psn, 1);
+            if (wqe.state === 'pending' && psn === wqe.lastPsn) retire(wqe);
+            return PROGRESS;
+          case 'RNR_NAK': {
+            ctx.counters.rcvRnr++;
+            // PSNs before the refused one are implicitly acknowledged.
+            this.psn = psn;
+            if (this.rnrRetry === 0) {
+              ctx.counters.rnrRetryExceeded++;
+              return fatal(wqe, 'RNR_RETRY_EXC_ERR', syn);
+            }
+            if (this.rnrRetry !== RETRY_INFINITE) this.rnrRetry--;
+            return { kind: 'rnrWait', from: psn, delayUs: rnrTimerUs(aethValue(syn)) };
+          }
+          case 'NAK':
+            switch (aethValue(syn)) {
+              case NAK_CODE.PSN_SEQUENCE_ERROR:
+                // Everything before the NAK'd PSN arrived (C9-116): advance, then go back to it.
+                // A NAK that moves the PSN forward is progress, so it may start a new retry; a
+                // repeated NAK for the gap already being retried is ignored (rxe started_retry).
+                if (psnDiff(psn, this.psn) > 0) {
+                  this.psn = psn;
+                  this.startedRetry = false;
+                }
+                ctx.counters.rcvSeqErr++;
+                return this.errorRetry(ctx, wqe, false);
+              case NAK_CODE.INVALID_REQUEST:
+                return fatal(wqe, 'REM_INV_REQ_ERR', syn);
+              case NAK_CODE.REMOTE_ACCESS_ERROR:
+                return fatal(wqe, 'REM_ACCESS_ERR', syn);
+              case NAK_CODE.REMOTE_OPERATIONAL_ERROR:
+                return fatal(wqe, 'REM_OP_ERR', syn);
+              case NAK_CODE.INVALID_RD_REQUEST:
+                return fatal(wqe, 'REM_INV_RD_REQ_ERR', syn);
+              default:
+                return fatal(wqe, 'REM_OP_ERR', syn);
+            }
+          default:
+            ctx.counters.unexpectedResponse++;
+            return NONE;
+        }
+      }
+      default:
+        ctx.counters.unexpectedResponse++;
+        return NONE;
+    }
+  }
+
+  /**
+   * rxe's ERROR_RETRY: spend one retry (7 = forever) and go back to the oldest unacknowledged
+   * PSN; out of retries, fail the head WQE with RETRY_EXC_ERR. A second NAK while a retry is
+   * already under way, with no progress since, is ignored (only the timer may retry again).
+   */
+  errorRetry(ctx: EngineContext, head: SendWqe | undefined, timeout: boolean): CompleterAction {
+    if (this.startedRetry && !timeout) return NONE;
+    if (this.retryCnt > 0) {
+      if (this.retryCnt !== RETRY_INFINITE) this.retryCnt--;
+      this.startedRetry = true;
+      this.opcode = -1;
+      ctx.counters.compRetry++;
+      return { kind: 'retry', from: this.psn };
+    }
+    ctx.counters.retryExceeded++;
+    if (!head) return NONE;
+    return fatal(head, 'RETRY_EXC_ERR', 0);
+  }
+
+  /** The local ACK timer fired with requests outstanding (IBTA 9.7.6.1.3). */
+  onTimeout(ctx: EngineContext, sq: WorkQueue<SendWqe>): CompleterAction {
+    ctx.counters.ackTimeouts++;
+    return this.errorRetry(ctx, sq.peek(), true);
+  }
+}
+
+function fatal(wqe: SendWqe, status: WcStatus, vendorErr: number): CompleterAction {
+  return { kind: 'fatal', wqe, status, vendorErr };
+}

@@ -1,0 +1,203 @@
+/**
+ * Protection domains and memory regions: key allocation, a 64-bit virtual address for each
+ * region, and the two lookups every data movement goes through — local (L_Key, for SGEs)
+ * and remote (R_Key, for RETH/AtomicETH) — with IBTA's access and bounds checks.
+ *
+ * Read first: IBTA Vol. 1 §10.6 (memory management), §9.7.4.1.6 (R_Key checks, C9-88..C9-91)
+ * and §10.7.2.2 (local SGE checks). rdma_rxe: rxe_mr.c (`lookup_mr`, `mr_check_range`).
+ *
+ * Memory is a Uint8Array registered by the user. Data moves by views: a resolved SGE is a
+ * `subarray` into the region, so gathering a packet's payload copies nothing.
+ */
+
+import { DEVICE_LIMITS } from './limits.js';
+import { MrError } from './errors.js';
+import { ACCESS, type Lkey, type Rkey, type Sge } from './types.js';
+
+export class ProtectionDomain {
+  constructor(readonly handle: number, readonly owner: object) {}
+}
+
+/**
+ * Where a region appears in the (pretend) address space. Each region gets its own 4 GiB
+ * slot above a user-space-looking base, so VAs on the wire look like real ones and two
+ * regions never overlap.
+ */
+const VA_BASE = 0x7f3c_0000_0000n;
+const VA_SLOT = 1n << 32n;
+
+export class MemoryRegion {
+  /** True once a SEND with Invalidate (or `invalidate()`) has revoked the R_Key. */
+  rkeyInvalidated = false;
+  deregistered = false;
+
+  constructor(
+    readonly pd: ProtectionDomain,
+    readonly buffer: Uint8Array,
+    readonly addr: bigint,
+    readonly lkey: Lkey,
+    readonly rkey: Rkey,
+    readonly access: number,
+  ) {}
+
+  get length(): number {
+    return this.buffer.length;
+  }
+
+  /** An SGE for `length` bytes at `offset` into the region (libibverbs `{ addr, length, lkey }`). */
+  sge(offset = 0, length = this.buffer.length - offset): Sge {
+    if (!Number.isInteger(offset) || !Number.isInteger(length) || offset < 0 || length < 0 || offset + length > this.buffer.length) {
+      throw new MrError(`sge(${offset}, ${length}) outside a ${this.buffer.length}-byte region`);
+    }
+    return { addr: this.addr + BigInt(offset), length, lkey: this.lkey };
+  }
+
+  /** The VA of byte `offset` of the region. */
+  va(offset = 0): bigint {
+    return this.addr + BigInt(offset);
+  }
+
+  /** Byte offset into the region of [va, va+len), or undefined when not entirely inside. */
+  offsetOf(va: bigint, len: number): number | undefined {
+    const off = va - this.addr;
+    if (off < 0n || off + BigInt(len) > BigInt(this.buffer.length)) return undefined;
+    return Number(off);
+  }
+}
+
+/** Why a remote access was refused; each maps to a responder error class. */
+export type RemoteAccessFault = 'noKey' | 'wrongPd' | 'invalidated' | 'access' | 'bounds';
+
+export type RemoteLookup = { ok: true; mr: MemoryRegion; offset: number } | { ok: false; fault: RemoteAccessFault };
+
+/** Per-device registry of regions by key index (key = index << 8 | key byte, as rxe). */
+export class MrTable {
+  private readonly byIndex = new Map<number, MemoryRegion>();
+  private nextIndex = 1;
+  private keyByte = 0x5a;
+  private slot = 0n;
+
+  register(pd: ProtectionDomain, buffer: Uint8Array, access: number): MemoryRegion {
+    if (!(buffer instanceof Uint8Array)) throw new MrError('regMr needs a Uint8Array (or Buffer)');
+    if (buffer.length > DEVICE_LIMITS.maxMrSize) throw new MrError(`region of ${buffer.length} bytes exceeds ${DEVICE_LIMITS.maxMrSize}`);
+    const known = ACCESS.LOCAL_WRITE | ACCESS.REMOTE_WRITE | ACCESS.REMOTE_READ | ACCESS.REMOTE_ATOMIC;
+    if (!Number.isInteger(access) || (access & ~known) !== 0) throw new MrError(`unsupported access flags 0x${access.toString(16)}`);
+    // IBTA 10.6.3.1 (C10-45 area) and libibverbs: remote write or atomic needs local write.
+    if ((access & (ACCESS.REMOTE_WRITE | ACCESS.REMOTE_ATOMIC)) !== 0 && (access & ACCESS.LOCAL_WRITE) === 0) {
+      throw new MrError('REMOTE_WRITE and REMOTE_ATOMIC require LOCAL_WRITE');
+    }
+    const index = this.nextIndex++;
+    if (index > 0xffffff) throw new MrError('out of memory region keys');
+    this.keyByte = (this.keyByte + 0x3b) & 0xff;
+    const key = ((index << 8) | this.keyByte) >>> 0;
+    const mr = new MemoryRegion(pd, buffer, VA_BASE + this.slot * VA_SLOT, key, key, access);
+    this.slot++;
+    this.byIndex.set(index, mr);
+    return mr;
+  }
+
+  deregister(mr: MemoryRegion): void {
+    const idx = mr.lkey >>> 8;
+    if (this.byIndex.get(idx) === mr) this.byIndex.delete(idx);
+    mr.deregistered = true;
+  }
+
+  byLkey(key: number): MemoryRegion | undefined {
+    const mr = this.byIndex.get(key >>> 8);
+    return mr && mr.lkey === key >>> 0 ? mr : undefined;
+  }
+
+  /**
+   * R_Key check for an incoming RDMA READ/WRITE/atomic (IBTA C9-88: key valid, same PD as the
+   * QP, access right granted, range inside the region).
+   */
+  remote(pd: ProtectionDomain, rkey: number, access: number, va: bigint, len: number): RemoteLookup {
+    const mr = this.byIndex.get(rkey >>> 8);
+    if (!mr || mr.rkey !== rkey >>> 0) return { ok: false, fault: 'noKey' };
+    if (mr.pd !== pd) return { ok: false, fault: 'wrongPd' };
+    if (mr.rkeyInvalidated) return { ok: false, fault: 'invalidated' };
+    if ((mr.access & access) === 0) return { ok: false, fault: 'access' };
+    const offset = mr.offsetOf(va, len);
+    if (offset === undefined) return { ok: false, fault: 'bounds' };
+    return { ok: true, mr, offset };
+  }
+
+  /** SEND with Invalidate: revoke an R_Key of this PD. False when no such key (IBTA class J). */
+  invalidate(pd: ProtectionDomain, rkey: number): boolean {
+    const mr = this.byIndex.get(rkey >>> 8);
+    if (!mr || mr.rkey !== rkey >>> 0 || mr.pd !== pd || mr.rkeyInvalidated) return false;
+    mr.rkeyInvalidated = true;
+    return true;
+  }
+}
+
+/**
+ * Resolves a local SGE list to views into registered memory (IBTA 10.7.2.2: L_Key valid, same
+ * PD, inside the region, LOCAL_WRITE when the HCA writes into it). Returns undefined on any
+ * violation: the caller completes the WR with LOC_PROT_ERR.
+ */
+export function resolveSges(
+  table: MrTable,
+  pd: ProtectionDomain,
+  sges: readonly Sge[],
+  needLocalWrite: boolean,
+): Uint8Array[] | undefined {
+  const out: Uint8Array[] = [];
+  for (const s of sges) {
+    if (s.length === 0) continue;
+    const mr = table.byLkey(s.lkey);
+    if (!mr || mr.pd !== pd || mr.deregistered) return undefined;
+    if (needLocalWrite && (mr.access & ACCESS.LOCAL_WRITE) === 0) return undefined;
+    const off = mr.offsetOf(s.addr, s.length);
+    if (off === undefined) return undefined;
+    out.push(mr.buffer.subarray(off, off + s.length));
+  }
+  return out;
+}
+
+export function sgeTotal(sges: readonly Sge[] | undefined): number {
+  let n = 0;
+  if (sges) for (const s of sges) n += s.length;
+  return n;
+}
+
+/** Appends views covering bytes [off, off+len) of the concatenated segments to `parts`. */
+export function gather(segments: readonly Uint8Array[], off: number, len: number, parts: Uint8Array[]): void {
+  let skip = off;
+  let need = len;
+  for (const seg of segments) {
+    if (need === 0) return;
+    if (skip >= seg.length) {
+      skip -= seg.length;
+      continue;
+    }
+    const take = Math.min(seg.length - skip, need);
+    parts.push(seg.subarray(skip, skip + take));
+    need -= take;
+    skip = 0;
+  }
+}
+
+/**
+ * Copies `src` into the concatenated segments starting at byte `off`. Returns false (and copies
+ * nothing) when it would overrun them.
+ */
+export function scatter(segments: readonly Uint8Array[], off: number, src: Uint8Array): boolean {
+  let total = 0;
+  for (const s of segments) total += s.length;
+  if (off + src.length > total) return false;
+  let skip = off;
+  let from = 0;
+  for (const seg of segments) {
+    if (from === src.length) break;
+    if (skip >= seg.length) {
+      skip -= seg.length;
+      continue;
+    }
+    const take = Math.min(seg.length - skip, src.length - from);
+    seg.set(src.subarray(from, from + take), skip);
+    from += take;
+    skip = 0;
+  }
+  return true;
+}

@@ -1,0 +1,524 @@
+/**
+ * A queue pair: the one state variable, the two work queues, the three engines, and the timers.
+ *
+ * Read first: IBTA Vol. 1 §10.3 (QP states and what each allows), §11.2.4 (create/modify/query
+ * QP), §11.4.1 (post send/receive), §10.7.3 (completions), §9.7.6 (ACK and RNR timers).
+ * rdma_rxe: rxe_qp.c (`rxe_qp_chk_attr`/`rxe_qp_from_attr`, `rxe_qp_error`, drain).
+ *
+ * Sans-IO: every entry point takes `now`; the QP sends through `io.transmit` and tells the
+ * runtime when it next needs to run through `pollAt()`. `setState(next, reason)` is the only
+ * writer of `state`, and the state's side effects (flush on ERR, clear on RESET, engine resets
+ * on RTR/RTS) live there.
+ */
+
+import type { OpcodeInfo } from '../wire/opcode.js';
+import type { RocePacket } from '../wire/packet.js';
+import { psnDiff } from '../wire/psn.js';
+import { resolveAh } from './address.js';
+import { Completer, type CompleterAction } from './completer.js';
+import type { EngineContext, QpAttrs, RxInfo } from './context.js';
+import type { Counters } from './counters.js';
+import type { CompletionQueue } from './cq.js';
+import { InvalidWrError, QpStateError, QueueFullError } from './errors.js';
+import { connectedSourcePort, datagramSourcePort } from './flow.js';
+import { MAX_PKTS_PER_POLL } from './limits.js';
+import { sgeTotal, type MrTable, type ProtectionDomain } from './mr.js';
+import { checkModify, maskFromAttr, mtuBytes } from './qp-state.js';
+import { isReadOrAtomic, Requester, WR_OPCODES_FOR } from './requester.js';
+import { Responder } from './responder.js';
+import { ackTimeoutUs, earliest, type Micros } from './time.js';
+import {
+  QP_ATTR_MASK as M, SEND_FLAGS, WC_FLAGS,
+  type AsyncEvent, type Endpoint, type QpAttr, type QpCap, type QpState, type QpType, type Qpn, type RecvWr, type SendWr,
+  type WcOpcode, type WcStatus, type WorkCompletion, type WrOpcode,
+} from './types.js';
+import { WorkQueue, type RecvWqe, type SendWqe } from './wqe.js';
+
+/** "Run me as soon as you can" from `pollAt`. */
+export const ASAP: Micros = 0;
+
+/** How the QP reaches the outside world; the runtime implements it. */
+export interface QpIo {
+  transmit(dst: Endpoint, srcPort: number, parts: readonly Uint8Array[]): void;
+  event(ev: AsyncEvent): void;
+  /** Called on every state change, for tracing: `qp 0x11 RTS=>ERR (retry exceeded)`. */
+  stateChanged?(qpn: Qpn, from: QpState, to: QpState, reason: string): void;
+}
+
+export interface QpInit {
+  qpn: Qpn;
+  type: QpType;
+  pd: ProtectionDomain;
+  mrs: MrTable;
+  counters: Counters;
+  sendCq: CompletionQueue;
+  recvCq: CompletionQueue;
+  cap: QpCap;
+  sqSigAll: boolean;
+  portMtu: number;
+  io: QpIo;
+}
+
+const WC_OPCODE_OF: Readonly<Record<WrOpcode, WcOpcode>> = {
+  SEND: 'SEND', SEND_WITH_IMM: 'SEND', SEND_WITH_INV: 'SEND', RDMA_WRITE: 'RDMA_WRITE', RDMA_WRITE_WITH_IMM: 'RDMA_WRITE',
+  RDMA_READ: 'RDMA_READ', ATOMIC_CMP_AND_SWP: 'COMP_SWAP', ATOMIC_FETCH_AND_ADD: 'FETCH_ADD',
+};
+
+export class QueuePair implements EngineContext {
+  readonly qpn: Qpn;
+  readonly type: QpType;
+  readonly pd: ProtectionDomain;
+  readonly mrs: MrTable;
+  readonly counters: Counters;
+  readonly sendCq: CompletionQueue;
+  readonly recvCq: CompletionQueue;
+  readonly cap: QpCap;
+  readonly attrs: QpAttrs;
+  private _state: QpState = 'RESET';
+  private readonly io: QpIo;
+  readonly sq = new WorkQueue<SendWqe>();
+  readonly rq = new WorkQueue<RecvWqe>();
+  readonly requester = new Requester();
+  readonly responder = new Responder();
+  readonly completer = new Completer();
+  private ackDeadline: Micros | undefined;
+  private rnrUntil: Micros | undefined;
+  private rnrFrom = 0;
+  private sqdNotifyPending = false;
+  private now: Micros = 0;
+  /** Why the QP last changed state. */
+  stateReason = 'created';
+
+  constructor(init: QpInit) {
+    this.qpn = init.qpn;
+    this.type = init.type;
+    this.pd = init.pd;
+    this.mrs = init.mrs;
+    this.counters = init.counters;
+    this.sendCq = init.sendCq;
+    this.recvCq = init.recvCq;
+    this.cap = { ...init.cap };
+    this.io = init.io;
+    this.attrs = {
+      pathMtu: Math.min(1024, init.portMtu), portMtu: init.portMtu, destQpNum: 0, dest: undefined, dgid: undefined,
+      srcPort: datagramSourcePort(init.qpn), accessFlags: 0, qkey: 0, pkeyIndex: 0, portNum: 1, timeout: 14,
+      retryCnt: 7, rnrRetry: 7, minRnrTimer: 0, maxRdAtomic: 0, maxDestRdAtomic: 0, sqPsn: 0, rqPsn: 0,
+      enSqdAsyncNotify: false, sqSigAll: init.sqSigAll,
+    };
+  }
+
+  get state(): QpState {
+    return this._state;
+  }
+
+  // ---------------------------------------------------------------------------------------
+  // State
+
+  /** The single writer of `state`; applies what entering `next` means. */
+  setState(next: QpState, reason: string): void {
+    const from = this._state;
+    this._state = next;
+    this.stateReason = reason;
+    if (from !== next) this.io.stateChanged?.(this.qpn, from, next, reason);
+    switch (next) {
+      case 'RESET':
+        this.sq.clear();
+        this.rq.clear();
+        this.responder.reset(0, 0);
+        this.requester.reset(0, this.sq.head);
+        this.completer.reset(0, 0, 0);
+        this.ackDeadline = undefined;
+        this.rnrUntil = undefined;
+        break;
+      case 'RTR':
+        if (from === 'INIT') this.responder.reset(this.attrs.rqPsn, this.attrs.maxDestRdAtomic);
+        break;
+      case 'RTS':
+        if (from === 'RTR') {
+          this.requester.reset(this.attrs.sqPsn, this.sq.head);
+          this.completer.reset(this.attrs.sqPsn, this.attrs.retryCnt, this.attrs.rnrRetry);
+        }
+        break;
+      case 'SQE':
+        this.flushSend();
+        break;
+      case 'ERR':
+        this.flushSend();
+        this.flushRecv();
+        this.responder.abandon();
+        this.ackDeadline = undefined;
+        this.rnrUntil = undefined;
+        break;
+      default:
+        break;
+    }
+  }
+
+  /** Modify QP (11.2.4.2): check everything, then apply. Throws and changes nothing on error. */
+  modify(now: Micros, attr: QpAttr, mask: number = maskFromAttr(attr)): void {
+    this.now = now;
+    const plan = checkModify({ type: this.type, state: this._state, portMtu: this.attrs.portMtu }, attr, mask);
+    const ah = (mask & M.AV) !== 0 ? resolveAh(attr.ahAttr!) : undefined;
+    // Apply.
+    const a = this.attrs;
+    if (mask & M.PATH_MTU) a.pathMtu = mtuBytes(attr.pathMtu!)!;
+    if (mask & M.QKEY) a.qkey = attr.qkey! >>> 0;
+    if (mask & M.RQ_PSN) a.rqPsn = attr.rqPsn!;
+    if (mask & M.SQ_PSN) a.sqPsn = attr.sqPsn!;
+    if (mask & M.DEST_QPN) a.destQpNum = attr.destQpNum!;
+    if (mask & M.ACCESS_FLAGS) a.accessFlags = attr.qpAccessFlags!;
+    if (mask & M.PKEY_INDEX) a.pkeyIndex = attr.pkeyIndex!;
+    if (mask & M.PORT) a.portNum = attr.portNum!;
+    if (mask & M.TIMEOUT) a.timeout = attr.timeout!;
+    if (mask & M.RETRY_CNT) a.retryCnt = attr.retryCnt!;
+    if (mask & M.RNR_RETRY) a.rnrRetry = attr.rnrRetry!;
+    if (mask & M.MIN_RNR_TIMER) a.minRnrTimer = attr.minRnrTimer!;
+    if (mask & M.MAX_QP_RD_ATOMIC) a.maxRdAtomic = attr.maxRdAtomic!;
+    if (mask & M.MAX_DEST_RD_ATOMIC) a.maxDestRdAtomic = attr.maxDestRdAtomic!;
+    if (mask & M.EN_SQD_ASYNC_NOTIFY) a.enSqdAsyncNotify = attr.enSqdAsyncNotify === true;
+    if (ah) {
+      a.dest = { address: ah.address, port: ah.port };
+      a.dgid = ah.dgid;
+    }
+    if ((mask & (M.DEST_QPN | M.AV)) !== 0 && this.type !== 'UD') a.srcPort = connectedSourcePort(this.qpn, a.destQpNum);
+    if (plan.to === 'SQD' && plan.from !== 'SQD') this.sqdNotifyPending = a.enSqdAsyncNotify;
+    this.setState(plan.to, 'modify');
+    if (plan.to === 'RTS' || plan.to === 'SQD') this.checkSqDrained();
+  }
+
+  /** Query QP (11.2.4.3): current attributes in libibverbs names. */
+  query(): QpAttr & { cap: QpCap; sqDraining: boolean } {
+    const a = this.attrs;
+    const out: QpAttr & { cap: QpCap; sqDraining: boolean } = {
+      qpState: this._state,
+      curQpState: this._state,
+      pathMtu: a.pathMtu as 256 | 512 | 1024 | 2048 | 4096,
+      qkey: a.qkey,
+      rqPsn: this._state === 'RESET' || this._state === 'INIT' ? a.rqPsn : this.responder.psn,
+      sqPsn: this._state === 'RTS' || this._state === 'SQD' || this._state === 'SQE' ? this.requester.psn : a.sqPsn,
+      destQpNum: a.destQpNum,
+      qpAccessFlags: a.accessFlags,
+      cap: { ...this.cap },
+      pkeyIndex: a.pkeyIndex,
+      portNum: a.portNum,
+      timeout: a.timeout,
+      retryCnt: a.retryCnt,
+      rnrRetry: a.rnrRetry,
+      minRnrTimer: a.minRnrTimer,
+      maxRdAtomic: a.maxRdAtomic,
+      maxDestRdAtomic: a.maxDestRdAtomic,
+      enSqdAsyncNotify: a.enSqdAsyncNotify,
+      sqDraining: this._state === 'SQD' && this.hasUnfinishedSends(),
+    };
+    if (a.dest) out.ahAttr = { dgid: a.dgid!, address: a.dest.address, port: a.dest.port };
+    return out;
+  }
+
+  // ---------------------------------------------------------------------------------------
+  // Posting
+
+  /** Post Send (11.4.1.1). All WRs are validated before any is queued. */
+  postSend(now: Micros, wrs: readonly SendWr[]): void {
+    this.now = now;
+    const st = this._state;
+    if (st === 'RESET' || st === 'INIT' || st === 'RTR') throw new QpStateError(`postSend in ${st}: the send queue opens in RTS`);
+    if (this.sq.length + wrs.length > this.cap.maxSendWr) {
+      throw new QueueFullError(`send queue full: ${this.sq.length} + ${wrs.length} > ${this.cap.maxSendWr}`);
+    }
+    const wqes = wrs.map((wr, i) => this.toSendWqe(wr, i));
+    for (const w of wqes) this.sq.push(w);
+    // C10-?: in ERR (and SQE) newly posted WRs complete at once with a flush error.
+    if (st === 'ERR' || st === 'SQE') this.flushSend();
+  }
+
+  private toSendWqe(wr: SendWr, i: number): SendWqe {
+    const bad = (m: string): never => {
+      throw new InvalidWrError(`send WR ${i}: ${m}`);
+    };
+    if (!WR_OPCODES_FOR[this.type].includes(wr.opcode)) bad(`${wr.opcode} is not available on a ${this.type} QP`);
+    const flags = wr.sendFlags ?? 0;
+    const sges = wr.sgList ?? [];
+    if (sges.length > this.cap.maxSendSge) bad(`${sges.length} SGEs > maxSendSge ${this.cap.maxSendSge}`);
+    for (const s of sges) {
+      if (typeof s.addr !== 'bigint' || !Number.isInteger(s.length) || s.length < 0) bad('an SGE needs { addr: bigint, length, lkey }');
+    }
+    const length = sgeTotal(sges);
+    let inlineData: Uint8Array | undefined;
+    if ((flags & SEND_FLAGS.INLINE) !== 0) {
+      if (isReadOrAtomic(wr.opcode)) bad('INLINE is for SEND and RDMA WRITE only');
+      if (length > this.cap.maxInlineData) bad(`inline ${length} bytes > maxInlineData ${this.cap.maxInlineData}`);
+      // Inline data is copied now, so the caller may reuse the buffer at once (11.4.1.1).
+      inlineData = new Uint8Array(length);
+      let at = 0;
+      for (const s of sges) {
+        const mr = this.mrs.byLkey(s.lkey);
+        const off = mr?.offsetOf(s.addr, s.length);
+        if (!mr || off === undefined) bad('inline SGE outside any registered region');
+        inlineData.set(mr!.buffer.subarray(off!, off! + s.length), at);
+        at += s.length;
+      }
+    }
+    const rdma = wr.rdma;
+    const atomic = wr.atomic;
+    if (wr.opcode === 'RDMA_WRITE' || wr.opcode === 'RDMA_WRITE_WITH_IMM' || wr.opcode === 'RDMA_READ') {
+      if (!rdma || typeof rdma.remoteAddr !== 'bigint') bad(`${wr.opcode} needs rdma { remoteAddr: bigint, rkey }`);
+    }
+    if (wr.opcode === 'ATOMIC_CMP_AND_SWP' || wr.opcode === 'ATOMIC_FETCH_AND_ADD') {
+      if (!atomic || typeof atomic.remoteAddr !== 'bigint' || typeof atomic.compareAdd !== 'bigint') {
+        bad(`${wr.opcode} needs atomic { remoteAddr, compareAdd, swap?, rkey }`);
+      }
+      if (wr.opcode === 'ATOMIC_CMP_AND_SWP' && typeof atomic!.swap !== 'bigint') bad('CMP_AND_SWP needs atomic.swap');
+    }
+    if ((wr.opcode === 'SEND_WITH_IMM' || wr.opcode === 'RDMA_WRITE_WITH_IMM') && wr.immData === undefined) bad(`${wr.opcode} needs immData`);
+    if (wr.opcode === 'SEND_WITH_INV' && wr.invalidateRkey === undefined) bad('SEND_WITH_INV needs invalidateRkey');
+    if (this.type === 'UD' && !wr.ud) bad('a UD send needs ud { ah, remoteQpn, remoteQkey }');
+    const readOrAtomic = isReadOrAtomic(wr.opcode);
+    return {
+      wrId: wr.wrId,
+      opcode: wr.opcode,
+      signaled: this.attrs.sqSigAll || (flags & SEND_FLAGS.SIGNALED) !== 0,
+      fence: (flags & SEND_FLAGS.FENCE) !== 0,
+      solicited: (flags & SEND_FLAGS.SOLICITED) !== 0,
+      sges,
+      inlineData,
+      length,
+      immData: wr.immData !== undefined ? wr.immData >>> 0 : undefined,
+      invalidateRkey: wr.opcode === 'SEND_WITH_INV' ? wr.invalidateRkey! >>> 0 : undefined,
+      remoteAddr: rdma?.remoteAddr ?? atomic?.remoteAddr ?? 0n,
+      rkey: (rdma?.rkey ?? atomic?.rkey ?? 0) >>> 0,
+      compareAdd: atomic?.compareAdd ?? 0n,
+      swap: atomic?.swap ?? 0n,
+      ah: wr.ud?.ah,
+      remoteQpn: wr.ud?.remoteQpn ?? 0,
+      remoteQkey: wr.ud?.remoteQkey ?? 0,
+      readOrAtomic,
+      segments: undefined,
+      state: 'posted',
+      npkts: 0,
+      firstPsn: 0,
+      lastPsn: 0,
+      nextPkt: 0,
+      holdsRdAtomic: false,
+      readPlaced: 0,
+      status: 'SUCCESS',
+      vendorErr: 0,
+    };
+  }
+
+  /** Post Receive (11.4.1.2). */
+  postRecv(now: Micros, wrs: readonly RecvWr[]): void {
+    this.now = now;
+    if (this._state === 'RESET') throw new QpStateError('postRecv in RESET: the receive queue opens in INIT');
+    if (this.rq.length + wrs.length > this.cap.maxRecvWr) {
+      throw new QueueFullError(`receive queue full: ${this.rq.length} + ${wrs.length} > ${this.cap.maxRecvWr}`);
+    }
+    const wqes: RecvWqe[] = wrs.map((wr, i) => {
+      const sges = wr.sgList ?? [];
+      if (sges.length > this.cap.maxRecvSge) throw new InvalidWrError(`recv WR ${i}: ${sges.length} SGEs > maxRecvSge ${this.cap.maxRecvSge}`);
+      return { wrId: wr.wrId, sges, length: sgeTotal(sges), segments: undefined };
+    });
+    for (const w of wqes) this.rq.push(w);
+    if (this._state === 'ERR') this.flushRecv();
+  }
+
+  // ---------------------------------------------------------------------------------------
+  // Packets and time
+
+  /** A packet the device has already matched to this QP (type, state, keys, address checked). */
+  onPacket(now: Micros, pkt: RocePacket, info: OpcodeInfo, rx: RxInfo): void {
+    this.now = now;
+    if (info.request) {
+      const out = this.responder.onRequest(this, this.rq, pkt, info, rx);
+      if (out.kind === 'fatal') this.fail(`responder: ${out.reason}`);
+      return;
+    }
+    if (this.type !== 'RC') {
+      this.counters.unexpectedResponse++;
+      return;
+    }
+    this.apply(now, this.completer.onResponse(this, this.sq, pkt, info, (w) => this.retire(w)));
+  }
+
+  /** Does the work that is due: timers, then sending (requests, then READ responses). Returns packets sent. */
+  poll(now: Micros, budget: number = MAX_PKTS_PER_POLL): number {
+    this.now = now;
+    if (this.rnrUntil !== undefined && now >= this.rnrUntil) {
+      this.rnrUntil = undefined;
+      this.requester.rewind(this.sq, this.rnrFrom);
+    }
+    if (this.ackDeadline !== undefined && now >= this.ackDeadline) {
+      this.ackDeadline = undefined;
+      if (this.outstanding()) this.apply(now, this.completer.onTimeout(this, this.sq));
+    }
+    let sent = 0;
+    const st = this._state;
+    if ((st === 'RTS' || st === 'SQD') && this.rnrUntil === undefined) {
+      const r = this.requester.emit(this, this.sq, this.completer.psn, budget);
+      sent += r.sent;
+      if (r.expectsResponse && this.ackDeadline === undefined) this.armAckTimer(now);
+      if (r.error) this.failSend(r.error.wqe, r.error.status, 0, 'local error');
+      if (this.type !== 'RC') this.retireDone();
+    }
+    if (st === 'RTR' || st === 'RTS' || st === 'SQD' || st === 'SQE') sent += this.responder.emitReads(this, budget - sent);
+    this.checkSqDrained();
+    return sent;
+  }
+
+  /** When the QP next needs `poll`: ASAP, a timer deadline, or never (undefined). */
+  pollAt(): Micros | undefined {
+    let t: Micros | undefined;
+    const st = this._state;
+    if ((st === 'RTS' || st === 'SQD') && this.rnrUntil === undefined &&
+        this.requester.blocked(this, this.sq, this.completer.psn) === undefined) {
+      return ASAP;
+    }
+    if (this.responder.hasWork && st !== 'ERR' && st !== 'RESET') return ASAP;
+    t = earliest(t, this.rnrUntil);
+    t = earliest(t, this.ackDeadline);
+    return t;
+  }
+
+  // ---------------------------------------------------------------------------------------
+  // EngineContext
+
+  transmit(dst: Endpoint, parts: readonly Uint8Array[]): void {
+    this.counters.sentPkts++;
+    this.io.transmit(dst, this.attrs.srcPort, parts);
+  }
+
+  postRecvCompletion(wc: WorkCompletion): void {
+    this.pushCompletion(this.recvCq, wc);
+  }
+
+  // ---------------------------------------------------------------------------------------
+  // Internals
+
+  private outstanding(): boolean {
+    return this.type === 'RC' && psnDiff(this.requester.psn, this.completer.psn) > 0;
+  }
+
+  private armAckTimer(now: Micros): void {
+    const t = ackTimeoutUs(this.attrs.timeout);
+    this.ackDeadline = t === undefined ? undefined : now + t;
+  }
+
+  private apply(now: Micros, a: CompleterAction): void {
+    switch (a.kind) {
+      case 'none':
+        return;
+      case 'progress':
+        // rxe UPDATE_COMP: restart the timer while anything is outstanding.
+        if (this.outstanding()) this.armAckTimer(now);
+        else this.ackDeadline = undefined;
+        this.checkSqDrained();
+        return;
+      case 'retry':
+        this.requester.rewind(this.sq, a.from);
+        this.ackDeadline = undefined;
+        return;
+      case 'rnrWait':
+        this.rnrFrom = a.from;
+        this.rnrUntil = now + a.delayUs;
+        this.ackDeadline = undefined;
+        return;
+      case 'fatal':
+        this.failSend(a.wqe, a.status, a.vendorErr, `completer: ${a.status}`);
+        return;
+    }
+  }
+
+  /** Retires the head send WQE successfully (completer, or UC/UD after the last packet). */
+  private retire(wqe: SendWqe): void {
+    if (this.sq.peek() !== wqe) return;
+    this.sq.shift();
+    if (wqe.holdsRdAtomic) {
+      wqe.holdsRdAtomic = false;
+      this.requester.rdAtomicOutstanding--;
+    }
+    if (wqe.opcode.startsWith('SEND')) this.counters.rdmaSends++;
+    if (wqe.signaled) this.pushCompletion(this.sendCq, this.sendWc(wqe, 'SUCCESS', 0));
+  }
+
+  private retireDone(): void {
+    for (let w = this.sq.peek(); w && w.state === 'done'; w = this.sq.peek()) this.retire(w);
+  }
+
+  /** A send WQE failed: it completes in error (always, signaled or not), then RC → ERR, UC/UD → SQE. */
+  private failSend(wqe: SendWqe, status: WcStatus, vendorErr: number, why: string): void {
+    // Complete everything before it first (UC/UD WQEs already sent), in order.
+    if (this.type !== 'RC') this.retireDone();
+    if (this.sq.peek() === wqe) {
+      this.sq.shift();
+      if (wqe.holdsRdAtomic) this.requester.rdAtomicOutstanding--;
+      this.pushCompletion(this.sendCq, this.sendWc(wqe, status, vendorErr));
+    }
+    if (this.type === 'RC') this.fail(`${why} (${status})`);
+    else this.setState('SQE', `${why} (${status})`);
+  }
+
+  /** A transport error: QP → ERR, with the affiliated asynchronous event. */
+  private fail(reason: string): void {
+    if (this._state === 'ERR') return;
+    this.setState('ERR', reason);
+    this.io.event({ type: 'QP_FATAL', qpNum: this.qpn, reason });
+  }
+
+  private sendWc(wqe: SendWqe, status: WcStatus, vendorErr: number): WorkCompletion {
+    return {
+      wrId: wqe.wrId,
+      status,
+      opcode: WC_OPCODE_OF[wqe.opcode],
+      vendorErr,
+      byteLen: wqe.length,
+      qpNum: this.qpn,
+      srcQp: 0,
+      wcFlags: wqe.immData !== undefined ? WC_FLAGS.WITH_IMM : 0,
+      pkeyIndex: 0,
+    };
+  }
+
+  /** Every outstanding send WR completes with WR_FLUSH_ERR (10.3.1, C10-?: flushed WRs always complete). */
+  private flushSend(): void {
+    for (let w = this.sq.shift(); w; w = this.sq.shift()) {
+      if (w.holdsRdAtomic) w.holdsRdAtomic = false;
+      this.pushCompletion(this.sendCq, this.sendWc(w, 'WR_FLUSH_ERR', 0));
+    }
+    this.requester.rdAtomicOutstanding = 0;
+    this.requester.cursor = this.sq.head;
+  }
+
+  private flushRecv(): void {
+    for (let w = this.rq.shift(); w; w = this.rq.shift()) {
+      this.pushCompletion(this.recvCq, {
+        wrId: w.wrId, status: 'WR_FLUSH_ERR', opcode: 'RECV', vendorErr: 0, byteLen: 0, qpNum: this.qpn, srcQp: 0, wcFlags: 0, pkeyIndex: 0,
+      });
+    }
+  }
+
+  private pushCompletion(cq: CompletionQueue, wc: WorkCompletion): void {
+    if (!cq.push(wc)) {
+      // Class G: the CQ overflowed. The completion is lost; report it (11.6.2, CQ error).
+      this.counters.cqOverflow++;
+      this.io.event({ type: 'CQ_ERR', cqHandle: cq.handle, qpNum: this.qpn, reason: 'CQ overflow' });
+    }
+  }
+
+  private hasUnfinishedSends(): boolean {
+    for (const w of this.sq) if (w.state !== 'posted') return true;
+    return false;
+  }
+
+  /** SQD: once nothing started is unfinished, raise SQ_DRAINED (if asked for at RTS→SQD). */
+  private checkSqDrained(): void {
+    if (this._state !== 'SQD' || !this.sqdNotifyPending) return;
+    if (this.hasUnfinishedSends()) return;
+    this.sqdNotifyPending = false;
+    this.io.event({ type: 'SQ_DRAINED', qpNum: this.qpn });
+  }
+
+  /** The last `now` the QP was given (for the runtime's traces). */
+  get lastNow(): Micros {
+    return this.now;
+  }
+}
+

@@ -1,0 +1,286 @@
+/**
+ * The requester: turns send WQEs into request packets.
+ *
+ * Read first: IBTA Vol. 1 §9.4 (request packets: opcode sequences, RETH/ImmDt/IETH/DETH
+ * placement), §9.5 (packet sequencing, 24-bit PSN), §9.7.1–9.7.2 (requester PSN rules, AckReq),
+ * §10.8.3.3 (fence), §11.4.1.1 (post send). rdma_rxe: rxe_req.c.
+ *
+ * What it does, in rxe's order for each WQE: state allows new work → fence → outstanding
+ * READ/atomic limit (maxRdAtomic) → local SGE checks → PSN window (RC: at most
+ * MAX_UNACKED_PSNS unacknowledged) → pick the opcode from the table by (transport, verb,
+ * position in message) → build headers into a reused buffer and hand the link
+ * [headers, payload views into the MR, pad]. AckReq goes on the last packet of each message and
+ * on at least every MAX_PKT_PER_ACK-th packet.
+ *
+ * Emission is deterministic in the WQE: packet k of a WQE always has PSN firstPsn + k and covers
+ * bytes [k·mtu, (k+1)·mtu). That makes go-back-N a cursor move (`rewind`), which replaces rxe's
+ * save_state/rollback_state and retry_first_write_send replay.
+ */
+
+import { psnAdd, psnDiff, psnLt } from '../wire/psn.js';
+import { OPCODE } from '../wire/opcode.js';
+import { padFor } from '../wire/packet.js';
+import type { EngineContext } from './context.js';
+import { blankFields, HeaderBuilder, PAD } from './headers.js';
+import { DEVICE_LIMITS, MAX_PKT_PER_ACK, MAX_UNACKED_PSNS } from './limits.js';
+import { gather, resolveSges } from './mr.js';
+import type { Psn, QpType, WcStatus, WrOpcode } from './types.js';
+import type { SendWqe, WorkQueue } from './wqe.js';
+
+type Pos = 'FIRST' | 'MIDDLE' | 'LAST' | 'ONLY';
+
+function opName(op: WrOpcode, pos: Pos): string {
+  switch (op) {
+    case 'SEND': return `SEND_${pos}`;
+    case 'SEND_WITH_IMM': return pos === 'LAST' || pos === 'ONLY' ? `SEND_${pos}_WITH_IMMEDIATE` : `SEND_${pos}`;
+    case 'SEND_WITH_INV': return pos === 'LAST' || pos === 'ONLY' ? `SEND_${pos}_WITH_INVALIDATE` : `SEND_${pos}`;
+    case 'RDMA_WRITE': return `RDMA_WRITE_${pos}`;
+    case 'RDMA_WRITE_WITH_IMM': return pos === 'LAST' || pos === 'ONLY' ? `RDMA_WRITE_${pos}_WITH_IMMEDIATE` : `RDMA_WRITE_${pos}`;
+    case 'RDMA_READ': return 'RDMA_READ_REQUEST';
+    case 'ATOMIC_CMP_AND_SWP': return 'COMPARE_SWAP';
+    case 'ATOMIC_FETCH_AND_ADD': return 'FETCH_ADD';
+  }
+}
+
+/** Which verbs each transport carries (rxe_wr_opcode_info / IBTA table 38). */
+export const WR_OPCODES_FOR: Readonly<Record<QpType, readonly WrOpcode[]>> = {
+  RC: ['SEND', 'SEND_WITH_IMM', 'SEND_WITH_INV', 'RDMA_WRITE', 'RDMA_WRITE_WITH_IMM', 'RDMA_READ', 'ATOMIC_CMP_AND_SWP', 'ATOMIC_FETCH_AND_ADD'],
+  UC: ['SEND', 'SEND_WITH_IMM', 'RDMA_WRITE', 'RDMA_WRITE_WITH_IMM'],
+  UD: ['SEND', 'SEND_WITH_IMM'],
+};
+
+/** The request opcode table: [transport][verb][position] → BTH opcode. Built once from OPCODE. */
+const NEXT_OPCODE: Record<string, number> = {};
+for (const t of ['RC', 'UC', 'UD'] as const) {
+  for (const op of WR_OPCODES_FOR[t]) {
+    for (const pos of ['FIRST', 'MIDDLE', 'LAST', 'ONLY'] as const) {
+      const v = OPCODE[`${t}_${opName(op, pos)}`];
+      if (v !== undefined) NEXT_OPCODE[`${t}|${op}|${pos}`] = v;
+    }
+  }
+}
+
+export function requestOpcode(type: QpType, op: WrOpcode, pos: Pos): number {
+  const v = NEXT_OPCODE[`${type}|${op}|${pos}`];
+  if (v === undefined) throw new RangeError(`no ${type} opcode for ${op} ${pos}`);
+  return v;
+}
+
+export function isReadOrAtomic(op: WrOpcode): boolean {
+  return op === 'RDMA_READ' || op === 'ATOMIC_CMP_AND_SWP' || op === 'ATOMIC_FETCH_AND_ADD';
+}
+
+/** Why the requester is not sending; `undefined` means it can send now. */
+export type RequesterBlock = 'empty' | 'state' | 'fence' | 'rdAtomic' | 'window';
+
+export interface EmitResult {
+  sent: number;
+  /** A WQE failed a local check; the QP completes it with this status and leaves RTS. */
+  error?: { wqe: SendWqe; status: WcStatus };
+  /** At least one packet that expects a response went out (RC): the ACK timer should run. */
+  expectsResponse: boolean;
+}
+
+export class Requester {
+  /** Next PSN to send. */
+  psn: Psn = 0;
+  /** Absolute SQ index of the WQE the requester works on. */
+  cursor = 0;
+  /** Started READ/atomic WQEs not yet completed (IBTA: at most maxRdAtomic). */
+  rdAtomicOutstanding = 0;
+  /** One past the highest PSN ever sent: anything below it is a retransmission. */
+  private highPsn: Psn = 0;
+  private noackPkts = 0;
+  private readonly hb = new HeaderBuilder();
+  private readonly f = blankFields();
+  private readonly parts: Uint8Array[] = [];
+
+  reset(sqPsn: Psn, sqHead: number): void {
+    this.psn = sqPsn;
+    this.highPsn = sqPsn;
+    this.cursor = sqHead;
+    this.rdAtomicOutstanding = 0;
+    this.noackPkts = 0;
+  }
+
+  /** The same checks `emit` makes, without side effects; drives `pollAt`. */
+  blocked(ctx: EngineContext, sq: WorkQueue<SendWqe>, compPsn: Psn): RequesterBlock | undefined {
+    if (this.cursor < sq.head) this.cursor = sq.head;
+    const wqe = sq.at(this.cursor);
+    if (!wqe) return 'empty';
+    if (wqe.state === 'posted') {
+      if (ctx.state !== 'RTS') return 'state';
+      if (wqe.fence && this.rdAtomicOutstanding > 0) return 'fence';
+      if (wqe.readOrAtomic && this.rdAtomicOutstanding >= ctx.attrs.maxRdAtomic) return 'rdAtomic';
+    } else if (ctx.state !== 'RTS' && ctx.state !== 'SQD') {
+      return 'state';
+    }
+    if (ctx.type === 'RC' && psnDiff(this.psn, compPsn) >= MAX_UNACKED_PSNS) return 'window';
+    return undefined;
+  }
+
+  /** Sends up to `budget` packets. */
+  emit(ctx: EngineContext, sq: WorkQueue<SendWqe>, compPsn: Psn, budget: number): EmitResult {
+    const res: EmitResult = { sent: 0, expectsResponse: false };
+    while (res.sent < budget) {
+      if (this.blocked(ctx, sq, compPsn) !== undefined) break;
+      const wqe = sq.at(this.cursor)!;
+      if (wqe.state === 'pending' || wqe.state === 'done') {
+        this.cursor++;
+        continue;
+      }
+      if (wqe.state === 'posted') {
+        const status = this.start(ctx, wqe);
+        if (status !== undefined) {
+          res.error = { wqe, status };
+          return res;
+        }
+      }
+      this.sendOne(ctx, wqe);
+      res.sent++;
+      if (ctx.type === 'RC') res.expectsResponse = true;
+    }
+    return res;
+  }
+
+  /**
+   * Starts a WQE: resolves its local memory (IBTA 10.7.2.2: L_Key, PD, bounds, LOCAL_WRITE for
+   * READ/atomic targets), checks lengths, and assigns its PSNs. Returns an error status on failure.
+   */
+  private start(ctx: EngineContext, wqe: SendWqe): WcStatus | undefined {
+    const mtu = ctx.type === 'UD' ? ctx.attrs.portMtu : ctx.attrs.pathMtu;
+    if (wqe.length > DEVICE_LIMITS.maxMsgSize) return 'LOC_LEN_ERR';
+    if (ctx.type === 'UD' && wqe.length > mtu) return 'LOC_LEN_ERR';
+    if (wqe.inlineData) {
+      wqe.segments = [wqe.inlineData];
+    } else {
+      const segs = resolveSges(ctx.mrs, ctx.pd, wqe.sges, wqe.readOrAtomic);
+      if (!segs) return 'LOC_PROT_ERR';
+      wqe.segments = segs;
+    }
+    if (wqe.opcode === 'ATOMIC_CMP_AND_SWP' || wqe.opcode === 'ATOMIC_FETCH_AND_ADD') {
+      if (wqe.length !== 8) return 'LOC_LEN_ERR';
+      wqe.npkts = 1;
+    } else {
+      wqe.npkts = Math.max(1, Math.ceil(wqe.length / mtu));
+    }
+    wqe.firstPsn = this.psn;
+    wqe.lastPsn = psnAdd(this.psn, wqe.npkts - 1);
+    wqe.nextPkt = 0;
+    wqe.readPlaced = 0;
+    wqe.state = 'processing';
+    if (wqe.readOrAtomic) {
+      wqe.holdsRdAtomic = true;
+      this.rdAtomicOutstanding++;
+    }
+    return undefined;
+  }
+
+  private sendOne(ctx: EngineContext, wqe: SendWqe): void {
+    const f = this.f;
+    const parts = this.parts;
+    parts.length = 0;
+    const k = wqe.nextPkt;
+    const psn = psnAdd(wqe.firstPsn, k);
+    f.psn = psn;
+    f.destQp = ctx.type === 'UD' ? wqe.remoteQpn : ctx.attrs.destQpNum;
+    f.se = false;
+    f.padCount = 0;
+    const dst = ctx.type === 'UD' ? wqe.ah! : ctx.attrs.dest!;
+    const mtu = ctx.type === 'UD' ? ctx.attrs.portMtu : ctx.attrs.pathMtu;
+
+    if (wqe.opcode === 'RDMA_READ') {
+      // One request for the rest of the data; it occupies a PSN per response packet (9.7.2).
+      const off = k * mtu;
+      f.opcode = requestOpcode(ctx.type, 'RDMA_READ', 'ONLY');
+      f.ackReq = true;
+      f.va = wqe.remoteAddr + BigInt(off);
+      f.rkey = wqe.rkey;
+      f.dmaLength = wqe.length - off;
+      parts.push(this.hb.build(f));
+      this.finishPacket(ctx, dst, psn, wqe.npkts - k);
+      wqe.nextPkt = wqe.npkts;
+      wqe.state = 'pending';
+      this.cursor++;
+      return;
+    }
+    if (wqe.opcode === 'ATOMIC_CMP_AND_SWP' || wqe.opcode === 'ATOMIC_FETCH_AND_ADD') {
+      f.opcode = requestOpcode(ctx.type, wqe.opcode, 'ONLY');
+      f.ackReq = true;
+      f.va = wqe.remoteAddr;
+      f.rkey = wqe.rkey;
+      // CmpSwap: swap data, compare data; FetchAdd: add data in the swap/add field (9.3.4).
+      f.swapAdd = wqe.opcode === 'ATOMIC_CMP_AND_SWP' ? wqe.swap : wqe.compareAdd;
+      f.compare = wqe.opcode === 'ATOMIC_CMP_AND_SWP' ? wqe.compareAdd : 0n;
+      parts.push(this.hb.build(f));
+      this.finishPacket(ctx, dst, psn, 1);
+      wqe.nextPkt = 1;
+      wqe.state = 'pending';
+      this.cursor++;
+      return;
+    }
+
+    const off = k * mtu;
+    const len = Math.min(mtu, wqe.length - off);
+    const last = k === wqe.npkts - 1;
+    const pos: Pos = wqe.npkts === 1 ? 'ONLY' : k === 0 ? 'FIRST' : last ? 'LAST' : 'MIDDLE';
+    f.opcode = requestOpcode(ctx.type, wqe.opcode, pos);
+    const end = last;
+    // AckReq: end of message, or MAX_PKT_PER_ACK packets without one (rxe's noack_pkts).
+    f.ackReq = end || ++this.noackPkts >= MAX_PKT_PER_ACK;
+    if (f.ackReq) this.noackPkts = 0;
+    f.se = end && wqe.solicited;
+    f.padCount = padFor(len);
+    if (k === 0 && (wqe.opcode === 'RDMA_WRITE' || wqe.opcode === 'RDMA_WRITE_WITH_IMM')) {
+      f.va = wqe.remoteAddr;
+      f.rkey = wqe.rkey;
+      f.dmaLength = wqe.length;
+    }
+    if (end && wqe.immData !== undefined) f.immData = wqe.immData;
+    if (end && wqe.invalidateRkey !== undefined) f.invRkey = wqe.invalidateRkey;
+    if (ctx.type === 'UD') {
+      // IBTA 10.2.5 / C10-15: a Q_Key with the high bit set means "use the QP's own".
+      f.qkey = (wqe.remoteQkey & 0x80000000) !== 0 ? ctx.attrs.qkey : wqe.remoteQkey >>> 0;
+      f.srcQp = ctx.qpn;
+    }
+    parts.push(this.hb.build(f));
+    if (len > 0) gather(wqe.segments!, off, len, parts);
+    if (f.padCount) parts.push(PAD[f.padCount]!);
+    this.finishPacket(ctx, dst, psn, 1);
+    wqe.nextPkt = k + 1;
+    if (end) {
+      wqe.state = ctx.type === 'RC' ? 'pending' : 'done';
+      this.cursor++;
+    }
+  }
+
+  private finishPacket(ctx: EngineContext, dst: { address: string; port: number }, psn: Psn, span: number): void {
+    ctx.transmit(dst, this.parts);
+    if (psnLt(psn, this.highPsn)) ctx.counters.retransPkts++;
+    const next = psnAdd(psn, span);
+    if (psnLt(this.highPsn, next)) this.highPsn = next;
+    this.psn = next;
+  }
+
+  /**
+   * Go-back-N (IBTA 9.7.5.1, C9-126 area): resend from `from`. Every started WQE at or after
+   * `from` is re-emitted from the packet that carries `from`; a READ is re-requested for the
+   * rest of its data. WQEs not yet started are unaffected.
+   */
+  rewind(sq: WorkQueue<SendWqe>, from: Psn): void {
+    this.psn = from;
+    this.noackPkts = 0;
+    let cursor: number | undefined;
+    for (let i = sq.head; i < sq.tail; i++) {
+      const w = sq.at(i)!;
+      if (w.state === 'posted') break;
+      if (w.state === 'done') continue;
+      if (psnLt(w.lastPsn, from)) continue; // entirely acknowledged; the completer will retire it
+      const k = psnDiff(from, w.firstPsn) > 0 ? psnDiff(from, w.firstPsn) : 0;
+      w.nextPkt = k;
+      w.state = 'processing';
+      if (cursor === undefined) cursor = i;
+    }
+    this.cursor = cursor ?? Math.max(this.cursor, sq.head);
+  }
+}

@@ -1,0 +1,275 @@
+/**
+ * The device: binds one `Link` and one `Clock` to the sans-IO core.
+ *
+ * Read first: IBTA Vol. 1 §9.6 (packet transport header validation: the checks below, in
+ * order) and Annex A17 (RoCEv2). rdma_rxe: rxe_recv.c (`rxe_rcv`, `hdr_check`,
+ * `check_type_state`, `check_keys`, `check_addr`) and rxe_net.c (source ports).
+ *
+ * Ingress runs rxe's order: parse (length, version, opcode, header sizes) → QPN lookup → QP type
+ * against the opcode's transport → QP state → P_Key → source address against the QP's
+ * destination (RC/UC) → Q_Key (UD) → the QP. Every drop is counted by reason; nothing received
+ * ever throws.
+ *
+ * Egress and time: after anything touches a QP, the device asks it `pollAt()` and either runs
+ * it on the next event-loop turn (ASAP work; several posts coalesce into one run) or arms one
+ * clock timer for its deadline. Only this file (and the links) touch clocks and sockets.
+ */
+
+import type { Link, RxMeta } from '../link/link.js';
+import { gidOf, normalizeAddress } from '../core/address.js';
+import { newCounters, type Counters } from '../core/counters.js';
+import { CompletionQueue } from '../core/cq.js';
+import { RoceError } from '../core/errors.js';
+import { DEFAULT_PORT_MTU, DEVICE_LIMITS, FIRST_QPN, MAX_PKTS_PER_POLL } from '../core/limits.js';
+import { MrTable, ProtectionDomain } from '../core/mr.js';
+import { QueuePair, type QpIo } from '../core/qp.js';
+import type { AsyncEvent, Endpoint, QpCap, QpState, QpType, Qpn } from '../core/types.js';
+import { DEFAULT_PKEY } from '../wire/constants.js';
+import { parsePacket } from '../wire/packet.js';
+import { VirtualClock, type Clock, type TimerHandle } from './clock.js';
+
+export interface DeviceOptions {
+  link: Link;
+  clock: Clock;
+  /** The port's active MTU (bytes): caps pathMtu and bounds UD messages. Default 4096, or less if the link cannot carry it. */
+  mtu?: number;
+  /** Called on every QP state change (traces). */
+  onStateChange?: (qpn: Qpn, from: QpState, to: QpState, reason: string) => void;
+  /** Called on every dropped packet with its counter name (traces, tests). */
+  onDrop?: (reason: keyof Counters, detail: string) => void;
+}
+
+export interface CreateQpOptions {
+  type: QpType;
+  pd: ProtectionDomain;
+  sendCq: CompletionQueue;
+  recvCq: CompletionQueue;
+  cap: QpCap;
+  sqSigAll: boolean;
+}
+
+interface Sched {
+  handle: TimerHandle | undefined;
+  at: number;
+}
+
+/** Headers a path-MTU packet needs besides its payload: BTH + RETH/AETH/… + ImmDt + ICRC (rounded up). */
+const MAX_HEADER_OVERHEAD = 80;
+
+export class Device {
+  readonly link: Link;
+  readonly clock: Clock;
+  readonly counters: Counters = newCounters();
+  readonly mrs = new MrTable();
+  readonly gid: Uint8Array;
+  readonly portMtu: number;
+  /** Where asynchronous events go; the API layer sets it. */
+  onEvent: (ev: AsyncEvent) => void = () => {};
+  private readonly opts: DeviceOptions;
+  private readonly qps = new Map<Qpn, QueuePair>();
+  private readonly sched = new Map<QueuePair, Sched>();
+  private readonly ready = new Set<QueuePair>();
+  private runPending = false;
+  private nextQpn = FIRST_QPN;
+  private nextHandle = 1;
+  private readonly addrCache = new Map<string, string | undefined>();
+  private closed = false;
+  private readonly virtual: boolean;
+  private readonly io: QpIo;
+
+  constructor(opts: DeviceOptions) {
+    this.opts = opts;
+    this.link = opts.link;
+    this.clock = opts.clock;
+    this.virtual = opts.clock instanceof VirtualClock;
+    this.gid = gidOf(opts.link.local.address);
+    const linkMtu = [4096, 2048, 1024, 512, 256].find((m) => m + MAX_HEADER_OVERHEAD <= opts.link.caps.maxDatagram) ?? 256;
+    this.portMtu = Math.min(opts.mtu ?? DEFAULT_PORT_MTU, linkMtu);
+    if (![256, 512, 1024, 2048, 4096].includes(this.portMtu)) throw new RoceError('ERR_INVALID_ATTR', `port MTU ${this.portMtu} is not 256..4096`);
+    this.io = {
+      transmit: (dst: Endpoint, srcPort: number, parts: readonly Uint8Array[]) => {
+        if (!this.closed) this.link.send(dst, srcPort, parts);
+      },
+      event: (ev: AsyncEvent) => this.onEvent(ev),
+      stateChanged: (qpn, from, to, reason) => this.opts.onStateChange?.(qpn, from, to, reason),
+    };
+    this.link.onReceive((payload, meta) => this.receive(payload, meta));
+  }
+
+  allocPd(owner: object): ProtectionDomain {
+    this.assertOpen();
+    return new ProtectionDomain(this.nextHandle++, owner);
+  }
+
+  createCq(cqe: number): CompletionQueue {
+    this.assertOpen();
+    if (!Number.isInteger(cqe) || cqe < 1 || cqe > DEVICE_LIMITS.maxCqe) {
+      throw new RoceError('ERR_INVALID_ATTR', `cqe ${cqe} outside 1..${DEVICE_LIMITS.maxCqe}`);
+    }
+    return new CompletionQueue(this.nextHandle++, cqe);
+  }
+
+  createQp(o: CreateQpOptions): QueuePair {
+    this.assertOpen();
+    const c = o.cap;
+    const lim = (name: string, v: number, max: number): void => {
+      if (!Number.isInteger(v) || v < 0 || v > max) throw new RoceError('ERR_INVALID_ATTR', `${name} ${v} outside 0..${max}`);
+    };
+    lim('maxSendWr', c.maxSendWr, DEVICE_LIMITS.maxQpWr);
+    lim('maxRecvWr', c.maxRecvWr, DEVICE_LIMITS.maxQpWr);
+    lim('maxSendSge', c.maxSendSge, DEVICE_LIMITS.maxSge);
+    lim('maxRecvSge', c.maxRecvSge, DEVICE_LIMITS.maxSge);
+    lim('maxInlineData', c.maxInlineData, DEVICE_LIMITS.maxInlineData);
+    if (this.qps.size >= DEVICE_LIMITS.maxQp) throw new RoceError('ERR_INVALID_ATTR', 'too many QPs');
+    let qpn = this.nextQpn;
+    while (this.qps.has(qpn)) qpn = qpn >= 0xffffff ? FIRST_QPN : qpn + 1;
+    this.nextQpn = qpn >= 0xffffff ? FIRST_QPN : qpn + 1;
+    const qp = new QueuePair({
+      qpn, type: o.type, pd: o.pd, mrs: this.mrs, counters: this.counters, sendCq: o.sendCq, recvCq: o.recvCq,
+      cap: c, sqSigAll: o.sqSigAll, portMtu: this.portMtu, io: this.io,
+    });
+    this.qps.set(qpn, qp);
+    return qp;
+  }
+
+  destroyQp(qp: QueuePair): void {
+    this.cancel(qp);
+    this.ready.delete(qp);
+    this.qps.delete(qp.qpn);
+  }
+
+  qp(qpn: Qpn): QueuePair | undefined {
+    return this.qps.get(qpn);
+  }
+
+  /** Time on the device's clock, µs. */
+  now(): number {
+    return this.clock.now();
+  }
+
+  /** Re-evaluates when `qp` needs to run; call after anything changed it. */
+  kick(qp: QueuePair): void {
+    if (this.closed || !this.qps.has(qp.qpn)) return;
+    const t = qp.pollAt();
+    if (t === undefined) {
+      this.cancel(qp);
+      return;
+    }
+    const now = this.clock.now();
+    if (t <= now) {
+      this.cancel(qp);
+      this.ready.add(qp);
+      this.deferRun();
+      return;
+    }
+    const s = this.sched.get(qp);
+    if (s && s.at === t) return;
+    this.cancel(qp);
+    const handle = this.clock.at(t, () => {
+      this.sched.delete(qp);
+      this.runQp(qp);
+    });
+    this.sched.set(qp, { handle, at: t });
+  }
+
+  private cancel(qp: QueuePair): void {
+    const s = this.sched.get(qp);
+    if (s) {
+      s.handle?.cancel();
+      this.sched.delete(qp);
+    }
+  }
+
+  private deferRun(): void {
+    if (this.runPending) return;
+    this.runPending = true;
+    const run = (): void => {
+      this.runPending = false;
+      const batch = [...this.ready];
+      this.ready.clear();
+      for (const qp of batch) this.runQp(qp);
+    };
+    // A virtual clock runs it at the current instant, deterministically; a real one on the
+    // next event-loop turn, so that received datagrams get their turn between bursts.
+    if (this.virtual) this.clock.at(this.clock.now(), run);
+    else setImmediate(run);
+  }
+
+  private runQp(qp: QueuePair): void {
+    if (this.closed || !this.qps.has(qp.qpn)) return;
+    qp.poll(this.clock.now(), MAX_PKTS_PER_POLL);
+    this.kick(qp);
+  }
+
+  /** Ingress, in rxe_rcv's order. Never throws. */
+  receive(payload: Uint8Array, meta: RxMeta): void {
+    if (this.closed) return;
+    const c = this.counters;
+    const parsed = parsePacket(payload, 0, payload.length);
+    if (!parsed.ok) return this.drop('malformed', `${parsed.error}: ${parsed.detail}`);
+    const { packet: pkt, info } = parsed;
+    if (info.transport === 'CNP') {
+      c.cnpRcvd++;
+      return;
+    }
+    const qp = this.qps.get(pkt.bth.destQp);
+    if (!qp) return this.drop('noQp', `no QP 0x${pkt.bth.destQp.toString(16)}`);
+    // check_type_state: the opcode's transport must be the QP's (9.6.1.2.1).
+    if (info.transport !== qp.type) return this.drop('badTransport', `${info.name} to a ${qp.type} QP`);
+    const st = qp.state;
+    if (info.request ? !(st === 'RTR' || st === 'RTS' || st === 'SQD' || st === 'SQE') : !(st === 'RTS' || st === 'SQD')) {
+      return this.drop('badState', `${info.name} to a QP in ${st}`);
+    }
+    // check_keys: one P_Key, the default (rxe accepts nothing else; 9.6.1.2.2).
+    if (pkt.bth.pkey !== DEFAULT_PKEY) return this.drop('badPkey', `P_Key 0x${pkt.bth.pkey.toString(16)}`);
+    if (qp.type === 'UD') {
+      // Q_Key (10.2.5): a datagram must carry the receiving QP's Q_Key.
+      if ((pkt.deth!.qkey >>> 0) !== (qp.attrs.qkey >>> 0)) return this.drop('badQkey', `Q_Key 0x${pkt.deth!.qkey.toString(16)}`);
+    } else {
+      // check_addr: a connected QP hears only its peer.
+      const src = this.normalize(meta.src.address);
+      if (src === undefined || src !== qp.attrs.dest?.address) return this.drop('badAddr', `from ${meta.src.address}`);
+    }
+    c.rcvdPkts++;
+    qp.onPacket(this.clock.now(), pkt, info, {
+      srcAddress: meta.src.address, dstAddress: this.link.local.address, udpLength: payload.length,
+    });
+    this.kick(qp);
+  }
+
+  private drop(reason: keyof Counters, detail: string): void {
+    this.counters[reason]++;
+    this.opts.onDrop?.(reason, detail);
+  }
+
+  private normalize(address: string): string | undefined {
+    if (this.addrCache.has(address)) return this.addrCache.get(address);
+    const n = normalizeAddress(address);
+    if (this.addrCache.size > 1024) this.addrCache.clear();
+    this.addrCache.set(address, n);
+    return n;
+  }
+
+  /** Counters, with the link's ICRC drops folded in. */
+  snapshot(): Counters {
+    const c = { ...this.counters };
+    c.icrcErr = this.link.drops.badIcrc;
+    return c;
+  }
+
+  private assertOpen(): void {
+    if (this.closed) throw new RoceError('ERR_DEVICE_CLOSED', 'the device is closed');
+  }
+
+  get isClosed(): boolean {
+    return this.closed;
+  }
+
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    for (const qp of [...this.sched.keys()]) this.cancel(qp);
+    this.ready.clear();
+    await this.link.close();
+  }
+}

@@ -1,0 +1,203 @@
+/**
+ * The responder pipeline, one check and one NAK class at a time (rxe_resp.c order; IBTA
+ * 9.7.3–9.7.5, 9.9.3). Packets are crafted and injected into a QueuePair; what it sends back is
+ * parsed and compared.
+ */
+import t from 'tap';
+import { aethKind, aethValue, NAK_CODE, nakSyndrome, rnrNakSyndrome } from '../../src/wire/aeth.js';
+import { ACCESS } from '../../src/core/types.js';
+import { EngineHarness, bth, pattern } from '../helpers/engine.js';
+
+const E = 500; // the harness's expected PSN
+const syn = (p: { aeth?: { syndrome: number } }): number => p.aeth!.syndrome;
+
+t.test('checkPsn (RC)', async (t) => {
+  t.test('in sequence: executed, ACKed when AckReq is set, MSN counts messages', async (t) => {
+    const h = new EngineHarness('RC');
+    const dst = h.mr(1024);
+    h.qp.postRecv(0, [{ wrId: 1, sgList: [dst.sge(0, 1024)] }]);
+    h.send({ bth: bth('RC_SEND_ONLY', E, { ackReq: true }), payload: pattern(100) });
+    const out = h.take();
+    t.same(h.names(out), ['ACKNOWLEDGE@500']);
+    t.equal(syn(out[0]!), 0x1f, 'ACK syndrome 0x1f (unlimited credit), as rxe');
+    t.equal(out[0]!.aeth!.msn, 1);
+    t.match(h.rcq.poll(1), [{ wrId: 1, status: 'SUCCESS', opcode: 'RECV', byteLen: 100 }]);
+    h.qp.postRecv(0, [{ wrId: 2, sgList: [dst.sge(0, 1024)] }]);
+    h.send({ bth: bth('RC_SEND_ONLY', E + 1), payload: pattern(8) });
+    t.same(h.take(), [], 'no AckReq, no ACK (coalescing is the requester\'s call)');
+  });
+
+  t.test('class B: a gap is NAKed once, with the expected PSN', async (t) => {
+    const h = new EngineHarness('RC');
+    h.send({ bth: bth('RC_RDMA_WRITE_MIDDLE', E + 2), payload: pattern(256) });
+    const out = h.take();
+    t.same(h.names(out), ['ACKNOWLEDGE@500']);
+    t.equal(syn(out[0]!), nakSyndrome(NAK_CODE.PSN_SEQUENCE_ERROR));
+    h.send({ bth: bth('RC_RDMA_WRITE_MIDDLE', E + 3), payload: pattern(256) });
+    t.same(h.take(), [], 'second packet of the same gap: dropped without a NAK');
+    t.equal(h.counters.outOfSeqReq, 1);
+    t.equal(h.qp.state, 'RTS');
+  });
+
+  t.test('duplicate SEND/WRITE: re-ACKed with ePSN−1, not executed again', async (t) => {
+    const h = new EngineHarness('RC');
+    const dst = h.mr(1024);
+    h.qp.postRecv(0, [{ wrId: 1, sgList: [dst.sge(0, 1024)] }, { wrId: 2, sgList: [dst.sge(0, 1024)] }]);
+    h.send({ bth: bth('RC_SEND_ONLY', E, { ackReq: true }), payload: pattern(10) });
+    h.take();
+    h.send({ bth: bth('RC_SEND_ONLY', E, { ackReq: true }), payload: pattern(10) });
+    const out = h.take();
+    t.same(h.names(out), ['ACKNOWLEDGE@500']);
+    t.equal(aethKind(syn(out[0]!)), 'ACK');
+    t.equal(h.rcq.length, 1, 'one receive completion only');
+    t.equal(h.qp.rq.length, 1, 'the second receive WQE is untouched');
+    t.equal(h.counters.dupReq, 1);
+  });
+});
+
+t.test('checkOpSeq', async (t) => {
+  t.test('RC class C: MIDDLE without FIRST → NAK Invalid Request, QP to ERR', async (t) => {
+    const h = new EngineHarness('RC');
+    h.send({ bth: bth('RC_SEND_MIDDLE', E), payload: pattern(256) });
+    const out = h.take();
+    t.equal(syn(out[0]!), nakSyndrome(NAK_CODE.INVALID_REQUEST));
+    t.equal(h.qp.state, 'ERR');
+    t.equal(h.counters.badOpcodeSeq, 1);
+  });
+  t.test('RC class C: SEND FIRST then WRITE FIRST (missing LAST)', async (t) => {
+    const h = new EngineHarness('RC');
+    const dst = h.mr(4096);
+    h.qp.postRecv(0, [{ wrId: 1, sgList: [dst.sge(0, 4096)] }]);
+    h.send({ bth: bth('RC_SEND_FIRST', E), payload: pattern(256) });
+    h.send({ bth: bth('RC_RDMA_WRITE_FIRST', E + 1), reth: { va: dst.va(0), rkey: dst.rkey, dmaLength: 512 }, payload: pattern(256) });
+    t.equal(syn(h.take()[0]!), nakSyndrome(NAK_CODE.INVALID_REQUEST));
+    t.match(h.rcq.poll(1), [{ wrId: 1, status: 'REM_INV_REQ_ERR' }], 'the receive in progress completes in error');
+  });
+  t.test('UC: MIDDLE without FIRST is dropped silently', async (t) => {
+    const h = new EngineHarness('UC');
+    h.send({ bth: bth('UC_SEND_MIDDLE', E), payload: pattern(256) });
+    t.same(h.take(), []);
+    t.equal(h.qp.state, 'RTS');
+  });
+});
+
+t.test('checkOpValid: QP access flags (class C, NAK Invalid Request)', async (t) => {
+  const h = new EngineHarness('RC', { accessB: ACCESS.LOCAL_WRITE | ACCESS.REMOTE_WRITE });
+  const mr = h.mr(64);
+  h.send({ bth: bth('RC_RDMA_READ_REQUEST', E), reth: { va: mr.va(0), rkey: mr.rkey, dmaLength: 64 } });
+  t.equal(syn(h.take()[0]!), nakSyndrome(NAK_CODE.INVALID_REQUEST));
+  t.equal(h.counters.invalidRequest, 1);
+});
+
+t.test('checkResource', async (t) => {
+  t.test('RC class B: no receive WQE → RNR NAK with minRnrTimer at the packet PSN', async (t) => {
+    const h = new EngineHarness('RC', { minRnrTimer: 22 });
+    h.send({ bth: bth('RC_SEND_ONLY', E, { ackReq: true }), payload: pattern(10) });
+    const out = h.take();
+    t.equal(syn(out[0]!), rnrNakSyndrome(22), 'AETH 0x36 as in the rxe capture');
+    t.equal(out[0]!.bth.psn, E);
+    t.equal(out[0]!.aeth!.msn, 0);
+    t.equal(h.counters.sndRnr, 1);
+    t.equal(h.qp.responder.psn, E, 'ePSN unchanged: the SEND will be retried');
+  });
+  t.test('UD class D: no receive WQE → dropped, counted', async (t) => {
+    const h = new EngineHarness('UD');
+    h.send({ bth: bth('UD_SEND_ONLY', 0), deth: { qkey: 0x11111111, srcQp: 0x33 }, payload: pattern(10) });
+    t.same(h.take(), []);
+    t.equal(h.counters.noRecvWqe, 1);
+  });
+  t.test('READ with maxDestRdAtomic 0 → NAK Invalid Request', async (t) => {
+    const h = new EngineHarness('RC', { maxDestRdAtomic: 0 });
+    const mr = h.mr(64);
+    h.send({ bth: bth('RC_RDMA_READ_REQUEST', E), reth: { va: mr.va(0), rkey: mr.rkey, dmaLength: 64 } });
+    t.equal(syn(h.take()[0]!), nakSyndrome(NAK_CODE.INVALID_REQUEST));
+  });
+});
+
+t.test('checkLength (class C)', async (t) => {
+  const h = new EngineHarness('RC');
+  const mr = h.mr(4096);
+  h.send({ bth: bth('RC_RDMA_WRITE_FIRST', E), reth: { va: mr.va(0), rkey: mr.rkey, dmaLength: 1024 }, payload: pattern(200) });
+  t.equal(syn(h.take()[0]!), nakSyndrome(NAK_CODE.INVALID_REQUEST), 'FIRST shorter than the MTU');
+  t.equal(h.counters.badLength, 1);
+  t.ok(mr.buffer.every((x) => x === 0));
+});
+
+t.test('checkRkey (class C, NAK Remote Access Error)', async (t) => {
+  for (const [why, f] of [
+    ['unknown R_Key', (va: bigint, rkey: number) => ({ va, rkey: rkey + 0x100 })],
+    ['out of bounds', (va: bigint, rkey: number) => ({ va: va + 4000n, rkey })],
+  ] as const) {
+    const h = new EngineHarness('RC');
+    const mr = h.mr(4096);
+    const r = f(mr.va(0), mr.rkey);
+    h.send({ bth: bth('RC_RDMA_WRITE_ONLY', E, { ackReq: true }), reth: { va: r.va, rkey: r.rkey, dmaLength: 200 }, payload: pattern(200) });
+    const out = h.take();
+    t.equal(syn(out[0]!), nakSyndrome(NAK_CODE.REMOTE_ACCESS_ERROR), why);
+    t.equal(h.qp.state, 'ERR');
+    t.ok(mr.buffer.every((x) => x === 0), `${why}: memory untouched`);
+  }
+  const h = new EngineHarness('RC');
+  const mr = h.mr(64);
+  h.send({ bth: bth('RC_FETCH_ADD', E), atomicEth: { va: mr.va(3), rkey: mr.rkey, swapAdd: 1n, compare: 0n } });
+  t.equal(syn(h.take()[0]!), nakSyndrome(NAK_CODE.INVALID_REQUEST), 'misaligned atomic: Invalid Request (rxe)');
+});
+
+t.test('READ: response packets, then a duplicate READ is re-executed from its PSN', async (t) => {
+  const h = new EngineHarness('RC');
+  const mr = h.mr(pattern(600, 9));
+  h.send({ bth: bth('RC_RDMA_READ_REQUEST', E, { ackReq: true }), reth: { va: mr.va(0), rkey: mr.rkey, dmaLength: 600 } });
+  const out = h.poll();
+  t.same(h.names(out), ['RDMA_READ_RESPONSE_FIRST@500', 'RDMA_READ_RESPONSE_MIDDLE@501', 'RDMA_READ_RESPONSE_LAST@502']);
+  t.equal(out[0]!.aeth!.msn, 1, 'C9-148: MSN counts the READ at once');
+  t.same(Buffer.concat(out.map((p) => p.payload)), Buffer.from(mr.buffer));
+  t.equal(h.qp.responder.psn, E + 3);
+  // The requester lost response 501 and asks again from there, for the rest.
+  h.send({ bth: bth('RC_RDMA_READ_REQUEST', E + 1, { ackReq: true }), reth: { va: mr.va(256), rkey: mr.rkey, dmaLength: 344 } });
+  const again = h.poll();
+  t.same(h.names(again), ['RDMA_READ_RESPONSE_MIDDLE@501', 'RDMA_READ_RESPONSE_LAST@502']);
+  t.equal(h.counters.dupReadReplay, 1);
+});
+
+t.test('atomics: executed once, duplicates replayed from the cache', async (t) => {
+  const h = new EngineHarness('RC');
+  const mr = h.mr(16);
+  const dv = new DataView(mr.buffer.buffer);
+  dv.setBigUint64(8, 40n, true);
+  h.send({ bth: bth('RC_FETCH_ADD', E), atomicEth: { va: mr.va(8), rkey: mr.rkey, swapAdd: 2n, compare: 0n } });
+  const a1 = h.take();
+  t.same(h.names(a1), ['ATOMIC_ACKNOWLEDGE@500']);
+  t.equal(a1[0]!.atomicAckEth!.originalData, 40n);
+  h.send({ bth: bth('RC_FETCH_ADD', E), atomicEth: { va: mr.va(8), rkey: mr.rkey, swapAdd: 2n, compare: 0n } });
+  const a2 = h.take();
+  t.equal(a2[0]!.atomicAckEth!.originalData, 40n, 'the replay carries the original result');
+  t.equal(dv.getBigUint64(8, true), 42n, 'applied exactly once');
+  t.equal(h.counters.dupAtomicReplay, 1);
+});
+
+t.test('UC: a gap abandons the message; the next FIRST starts cleanly', async (t) => {
+  const h = new EngineHarness('UC');
+  const dst = h.mr(2048);
+  h.qp.postRecv(0, [{ wrId: 1, sgList: [dst.sge(0, 2048)] }]);
+  h.send({ bth: bth('UC_SEND_FIRST', E), payload: pattern(256, 1) });
+  h.send({ bth: bth('UC_SEND_LAST', E + 2), payload: pattern(10, 1) }); // E+1 lost
+  t.equal(h.rcq.length, 0);
+  t.equal(h.counters.ucDroppedMsg, 1);
+  h.send({ bth: bth('UC_SEND_FIRST', E + 3), payload: pattern(256, 2) });
+  h.send({ bth: bth('UC_SEND_LAST', E + 4), payload: pattern(10, 3) });
+  t.match(h.rcq.poll(1), [{ wrId: 1, status: 'SUCCESS', byteLen: 266 }]);
+  t.same(dst.buffer.subarray(0, 256), pattern(256, 2), 'the receive WQE was reused from its start');
+  t.same(h.take(), [], 'UC never acknowledges');
+});
+
+t.test('UD: GRH area, byte length and source QP', async (t) => {
+  const h = new EngineHarness('UD');
+  const dst = h.mr(200);
+  h.qp.postRecv(0, [{ wrId: 1, sgList: [dst.sge(0, 200)] }]);
+  h.send({ bth: bth('UD_SEND_ONLY_WITH_IMMEDIATE', 7), deth: { qkey: 0x11111111, srcQp: 0x33 }, immDt: { data: 0xabcd }, payload: pattern(50) });
+  t.match(h.rcq.poll(1), [{ status: 'SUCCESS', byteLen: 90, srcQp: 0x33, immData: 0xabcd, wcFlags: 1 | 2 }]);
+  t.equal(dst.buffer[20], 0x45, 'IPv4 header at offset 20');
+  t.same([...dst.buffer.subarray(32, 40)], [10, 0, 0, 2, 10, 0, 0, 1], 'source and destination addresses');
+  t.same(dst.buffer.subarray(40, 90), pattern(50));
+  t.equal(aethValue(0), 0);
+});
