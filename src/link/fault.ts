@@ -28,37 +28,9 @@
  */
 
 import type { Clock, TimerHandle } from '../runtime/clock.js';
-import type { Link, LinkCaps, LinkDropReason, LinkRxHandler, PeerAddress } from './link.js';
+import { isWireLink, type LinkCaps, type LinkDropReason, type LinkRxHandler, type PeerAddress, type RxHook, type WireDatagram, type WireLink } from './link.js';
 
-/** A datagram as it goes on the wire (a fresh buffer, ICRC included) and its UDP source port. */
-export interface WireDatagram {
-  datagram: Uint8Array;
-  srcPort: number;
-}
-
-/** Passes a received datagram on to the link's checks and handler; `ce` sets `RxMeta.ce`. */
-export type RxAccept = (datagram: Uint8Array, ce?: boolean) => void;
-
-/**
- * Sees each received datagram before the link checks it. `datagram` is valid only during the call
- * (copy it to hold it); `accept` may be called later, more than once, or never.
- */
-export type RxHook = (datagram: Uint8Array, src: PeerAddress, accept: RxAccept) => void;
-
-/** A link that middleware can reach below the ICRC. See the file comment. */
-export interface WireLink extends Link {
-  /** The datagram `send` would transmit, or undefined when the link cannot send it (counted in `drops`). */
-  frame(dst: PeerAddress, srcPort: number, parts: readonly Uint8Array[]): WireDatagram | undefined;
-  /** Transmits a datagram (normally from `frame`, possibly altered) as is. The link owns it after the call. */
-  sendRaw(dst: PeerAddress, srcPort: number, datagram: Uint8Array): void;
-  /** Installs (or removes) the single receive hook. */
-  setRxHook(hook: RxHook | undefined): void;
-}
-
-export function isWireLink(l: Link): l is WireLink {
-  const w = l as Partial<WireLink>;
-  return typeof w.frame === 'function' && typeof w.sendRaw === 'function' && typeof w.setRxHook === 'function';
-}
+export { isWireLink, type RxAccept, type RxHook, type WireDatagram, type WireLink } from './link.js';
 
 /** Marsaglia's xorshift32 (13, 17, 5), as smoltcp's FaultInjector uses. Never 0. */
 export class Xorshift32 {

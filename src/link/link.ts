@@ -72,3 +72,37 @@ export interface Link {
 export function emptyDrops(): Record<LinkDropReason, number> {
   return { badIcrc: 0, tooShort: 0, notRoce: 0, injectedLoss: 0, sendError: 0, closed: 0 };
 }
+
+// Below the ICRC: what link middleware (fault injection, capture, trace) needs. A flipped bit
+// must be flipped after the sender computed the ICRC, so the receiving link's check catches
+// it as it would on a real wire; see fault.ts for how the layers compose.
+
+/** A datagram as it goes on the wire (a fresh buffer, ICRC included) and its UDP source port. */
+export interface WireDatagram {
+  datagram: Uint8Array;
+  srcPort: number;
+}
+
+/** Passes a received datagram on to the link's checks and handler; `ce` sets `RxMeta.ce`. */
+export type RxAccept = (datagram: Uint8Array, ce?: boolean) => void;
+
+/**
+ * Sees each received datagram before the link checks it. `datagram` is valid only during the call
+ * (copy it to hold it); `accept` may be called later, more than once, or never.
+ */
+export type RxHook = (datagram: Uint8Array, src: PeerAddress, accept: RxAccept) => void;
+
+/** A link that middleware can reach below the ICRC. See the file comment. */
+export interface WireLink extends Link {
+  /** The datagram `send` would transmit, or undefined when the link cannot send it (counted in `drops`). */
+  frame(dst: PeerAddress, srcPort: number, parts: readonly Uint8Array[]): WireDatagram | undefined;
+  /** Transmits a datagram (normally from `frame`, possibly altered) as is. The link owns it after the call. */
+  sendRaw(dst: PeerAddress, srcPort: number, datagram: Uint8Array): void;
+  /** Installs (or removes) the single receive hook. */
+  setRxHook(hook: RxHook | undefined): void;
+}
+
+export function isWireLink(l: Link): l is WireLink {
+  const w = l as Partial<WireLink>;
+  return typeof w.frame === 'function' && typeof w.sendRaw === 'function' && typeof w.setRxHook === 'function';
+}

@@ -14,7 +14,7 @@
 import type { Clock } from '../runtime/clock.js';
 import { parseIpAddress } from '../wire/frame.js';
 import { checkIcrc, icrcOfUdpPayload, ICRC_LEN, MIN_ICRC_PAYLOAD, writeIcrc, type UdpDatagramInfo } from '../wire/icrc.js';
-import type { RxHook, WireDatagram, WireLink } from './fault.js';
+import type { RxHook, WireDatagram, WireLink } from './link.js';
 import { emptyDrops, type LinkCaps, type LinkDropReason, type LinkRxHandler, type PeerAddress, type RxMeta } from './link.js';
 
 export interface MemoryLinkOptions {

@@ -22,7 +22,7 @@
 import { SystemClock, type Clock } from '../runtime/clock.js';
 import { parseIpAddress } from '../wire/frame.js';
 import type { RoceFrameOptions } from '../pcap/writer.js';
-import type { RxHook, WireDatagram, WireLink } from './fault.js';
+import type { RxHook, WireDatagram, WireLink } from './link.js';
 import type { LinkCaps, LinkDropReason, LinkRxHandler, PeerAddress, RxMeta } from './link.js';
 
 /** What the tap needs of a capture writer; `PcapWriter` and `PcapngWriter` both fit. */

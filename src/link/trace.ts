@@ -12,7 +12,7 @@
 
 import { parsePacket } from '../wire/packet.js';
 import { formatPacket } from '../wire/pretty.js';
-import type { RxHook, WireDatagram, WireLink } from './fault.js';
+import type { RxHook, WireDatagram, WireLink } from './link.js';
 import type { LinkCaps, LinkDropReason, LinkRxHandler, PeerAddress, RxMeta } from './link.js';
 
 /** Bytes of an unparseable datagram shown in hex. */

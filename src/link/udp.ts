@@ -42,7 +42,7 @@ import { checkIcrc, checkIcrcOfIpDatagram, icrcOfUdpPayload, ICRC_LEN, MIN_ICRC_
 import { parseIpAddress } from '../wire/frame.js';
 import { SystemClock, type Clock } from '../runtime/clock.js';
 import { emptyDrops, type LinkCaps, type LinkDropReason, type LinkRxHandler, type PeerAddress, type RxMeta } from './link.js';
-import type { RxHook, WireDatagram, WireLink } from './fault.js';
+import type { RxHook, WireDatagram, WireLink } from './link.js';
 import {
   ffiStatus,
   IP_MTU_DISCOVER,
