@@ -14,14 +14,23 @@ import * as dgramBench from './dgram.bench.js';
 import { machineLine } from './procs.js';
 import * as wire from './wire.bench.js';
 import * as dcqcn from './dcqcn.bench.js';
+import * as latency from './latency.bench.js';
+import * as qpscale from './qpscale.bench.js';
+import * as rc from './rc.bench.js';
 
 interface SuiteOptions {
   quick: boolean;
   log: (line: string) => void;
+  /** The rows of the suites before this one: the baselines its ratios refer to. */
+  baselines: readonly BenchRow[];
 }
 
 const SUITES: { name: string; run: (o: SuiteOptions) => Promise<BenchRow[]> }[] = [
   { name: 'dgram baselines, two processes over 127.0.0.1', run: dgramBench.run },
+  // Right after the baselines they are compared with, so that little time separates them.
+  { name: 'RC goodput, two processes over 127.0.0.1/127.0.0.2', run: rc.run },
+  { name: 'RC ping-pong latency', run: latency.run },
+  { name: 'RC QP scale', run: qpscale.run },
   { name: 'CRC-32 and ICRC', run: crc.run },
   { name: 'header codecs', run: wire.run },
   { name: 'DCQCN simulator', run: dcqcn.run },
@@ -37,7 +46,7 @@ for (const s of SUITES) {
   console.log(`\n## ${s.name}\n`);
   const t0 = performance.now();
   try {
-    const rows = await s.run({ quick, log });
+    const rows = await s.run({ quick, log, baselines: all });
     console.log(formatRows(rows));
     all.push(...rows);
   } catch (e) {
