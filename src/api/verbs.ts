@@ -17,7 +17,8 @@
 
 import type { Link } from '../link/link.js';
 import { SystemClock, type Clock } from '../runtime/clock.js';
-import { Device } from '../runtime/device.js';
+import { Device, type DeviceOptions } from '../runtime/device.js';
+import type { CcOption, QpCcState } from '../core/cc-hooks.js';
 import { resolveAh } from '../core/address.js';
 import type { Counters } from '../core/counters.js';
 import type { CompletionQueue } from '../core/cq.js';
@@ -46,6 +47,8 @@ export interface OpenDeviceOptions {
   mtu?: number;
   /** Extra options for the default UdpLink (buffer sizes, ICRC mode, …). */
   udp?: Record<string, unknown>;
+  /** Congestion control for the device's RC/UC QPs and its CNPs (core/cc-hooks.ts). Default 'none'. */
+  cc?: CcOption;
 }
 
 export interface PortAttr {
@@ -153,6 +156,8 @@ export interface QpInitAttr {
   cap?: Partial<QpCap>;
   /** Every send WR generates a completion (libibverbs `sq_sig_all`). */
   sqSigAll?: boolean;
+  /** This QP's congestion control, instead of the device's (RC/UC). */
+  cc?: CcOption;
 }
 
 /** A queue pair. */
@@ -189,7 +194,10 @@ export async function openDevice(opts: OpenDeviceOptions): Promise<Context> {
     const { UdpLink } = await import('../link/udp.js');
     link = await UdpLink.open({ ...(opts.udp ?? {}), address: opts.address, port: opts.port ?? ROCEV2_UDP_PORT, clock });
   }
-  const device = new Device(opts.mtu !== undefined ? { link, clock, mtu: opts.mtu } : { link, clock });
+  const dopts: DeviceOptions = { link, clock };
+  if (opts.mtu !== undefined) dopts.mtu = opts.mtu;
+  if (opts.cc !== undefined) dopts.cc = opts.cc;
+  const device = new Device(dopts);
   const ctx = new Context(device);
   queueMicrotask(() => ctx.events.publish({ type: 'PORT_ACTIVE' }));
   return ctx;
@@ -233,7 +241,7 @@ export function createQp(pd: Pd, init: QpInitAttr): Qp {
   if (init.sendCq.context !== ctx || init.recvCq.context !== ctx) throw new RoceError('ERR_RESOURCE', 'CQs belong to another device');
   const core = ctx.device.createQp({
     type: init.type, pd: pd.core, sendCq: init.sendCq.core, recvCq: init.recvCq.core,
-    cap: { ...DEFAULT_CAP, ...(init.cap ?? {}) }, sqSigAll: init.sqSigAll === true,
+    cap: { ...DEFAULT_CAP, ...(init.cap ?? {}) }, sqSigAll: init.sqSigAll === true, ...(init.cc !== undefined ? { cc: init.cc } : {}),
   });
   return new Qp(pd, core, init.sendCq, init.recvCq);
 }
@@ -251,6 +259,11 @@ export function modifyQp(qp: Qp, attr: QpAttr, mask?: number): void {
   if (mask === undefined) qp.core.modify(d.now(), attr);
   else qp.core.modify(d.now(), attr, mask);
   d.kick(qp.core);
+}
+
+/** The QP's congestion control: its rate, CNPs received and sent, DCQCN state (core/cc-hooks.ts). */
+export function queryQpCc(qp: Qp): QpCcState {
+  return qp.device.ccState(qp.core);
 }
 
 export function queryQp(qp: Qp): ReturnType<QueuePair['query']> {

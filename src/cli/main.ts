@@ -6,16 +6,34 @@
  */
 
 import { CliError, EXIT } from './errors.js';
+import { bottleneckCommand, BOTTLENECK_USAGE } from './bottleneck.js';
 import { decodeCommand, DECODE_USAGE } from './decode.js';
 import { explainCommand, EXPLAIN_USAGE } from './explain.js';
+import { perfCommand, PERF_CLI_USAGE } from './perf.js';
+import { pingpongCommand, PINGPONG_CLI_USAGE } from './pingpong.js';
 import { simCommand, SIM_USAGE } from './sim.js';
+import { conformCommand, CONFORM_USAGE } from './conform.js';
+import { serveCommand, SERVE_USAGE } from './serve.js';
+import { sendCommand, SEND_USAGE } from './send.js';
+import { getCommand, GET_USAGE } from './get.js';
+import { demoCommand, DEMO_USAGE } from './demo.js';
+import { rpingCommand, RPING_USAGE } from './rping.js';
 
 type Command = (argv: string[], out: (line: string) => void) => number | Promise<number>;
 
 const COMMANDS: Record<string, { run: Command; usage: string; summary: string }> = {
   decode: { run: decodeCommand, usage: DECODE_USAGE, summary: 'print every RoCEv2 packet of a pcap/pcapng capture, with its ICRC verdict' },
   explain: { run: explainCommand, usage: EXPLAIN_USAGE, summary: 'walk a capture packet by packet in plain words: opcodes, fields, ACKs, NAKs, retransmissions' },
+  perf: { run: perfCommand, usage: PERF_CLI_USAGE, summary: 'ib_write/read/send/atomic_bw on our engine, wire-compatible with perftest 4.5, client or server' },
+  pingpong: { run: pingpongCommand, usage: PINGPONG_CLI_USAGE, summary: 'ibv_rc/uc/ud_pingpong on our engine, wire-compatible with rdma-core 44, client or server' },
+  bottleneck: { run: bottleneckCommand, usage: BOTTLENECK_USAGE, summary: 'relay UDP between stack processes through a rate-limited FIFO that marks FECN (RED) and tail-drops' },
   sim: { run: simCommand, usage: SIM_USAGE, summary: 'simulate DCQCN flows into an ECN-marking bottleneck; write CSV and SVG' },
+  conform: { run: conformCommand, usage: CONFORM_USAGE, summary: 'test a RoCEv2 peer against IBTA rules (scripted cases, fuzzing, replay) and report deviations' },
+  serve: { run: serveCommand, usage: SERVE_USAGE, summary: 'store and serve files over RDMA for many clients at once (RC, sha256-verified)' },
+  send: { run: sendCommand, usage: SEND_USAGE, summary: 'upload a file to a roce serve by RDMA WRITE (or SEND), with progress and a summary' },
+  get: { run: getCommand, usage: GET_USAGE, summary: 'download a file from a roce serve by RDMA READ' },
+  demo: { run: demoCommand, usage: DEMO_USAGE, summary: 'server and client on loopback: 64 MiB by RDMA WRITE, verified, with a capture to open in Wireshark' },
+  rping: { run: rpingCommand, usage: RPING_USAGE, summary: 'librdmacm rping over the RDMA CM, either role, interoperating with rping' },
 };
 
 function usage(): string {

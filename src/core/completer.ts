@@ -84,7 +84,11 @@ export class Completer {
       // check_psn: a response beyond this WQE acknowledges it implicitly (C9-115) — unless it is
       // a READ/atomic, whose own response must have been lost: retry.
       if (psnDiff(psn, wqe.lastPsn) > 0) {
-        if (wqe.state !== 'pending') {
+        // 'processing' here means a go-back-N resend of the WQE is under way: the peer has all
+        // of it all the same. (rxe ignores the ACK and waits for its resend to be re-ACKed, which
+        // never comes when the peer finished and went away: a pingpong tool that got its last
+        // message destroys its QP.)
+        if (wqe.state !== 'pending' && wqe.state !== 'processing') {
           ctx.counters.unexpectedResponse++;
           return progressed ? PROGRESS : NONE;
         }
@@ -187,7 +191,9 @@ export class Completer {
             }
             this.resetRetryCounters(ctx);
             this.psn = psnAdd(psn, 1);
-            if (wqe.state === 'pending' && psn === wqe.lastPsn) retire(wqe);
+            // Also while a resend is under way ('processing'): this ACK covers the whole message,
+            // and once comp PSN is past it no later response could retire it.
+            if ((wqe.state === 'pending' || wqe.state === 'processing') && psn === wqe.lastPsn) retire(wqe);
             return PROGRESS;
           case 'RNR_NAK': {
             ctx.counters.rcvRnr++;

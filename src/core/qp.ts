@@ -15,6 +15,7 @@ import type { OpcodeInfo } from '../wire/opcode.js';
 import type { RocePacket } from '../wire/packet.js';
 import { psnDiff } from '../wire/psn.js';
 import { resolveAh } from './address.js';
+import type { QpCongestion } from './cc-hooks.js';
 import { Completer, type CompleterAction } from './completer.js';
 import type { EngineContext, QpAttrs, RxInfo } from './context.js';
 import type { Counters } from './counters.js';
@@ -88,6 +89,8 @@ export class QueuePair implements EngineContext {
   private now: Micros = 0;
   /** Why the QP last changed state. */
   stateReason = 'created';
+  /** Congestion control (cc-hooks.ts): paces the requester; undefined = none, as rxe. */
+  cc: QpCongestion | undefined;
 
   constructor(init: QpInit) {
     this.qpn = init.qpn;
@@ -352,8 +355,9 @@ export class QueuePair implements EngineContext {
     }
     let sent = 0;
     const st = this._state;
+    this.cc?.onTimer(now);
     if ((st === 'RTS' || st === 'SQD') && this.rnrUntil === undefined) {
-      const r = this.requester.emit(this, this.sq, this.completer.psn, budget);
+      const r = this.cc ? this.cc.emit(now, budget) : this.requester.emit(this, this.sq, this.completer.psn, budget);
       sent += r.sent;
       if (r.expectsResponse && this.ackDeadline === undefined) this.armAckTimer(now);
       if (r.error) this.failSend(r.error.wqe, r.error.status, 0, 'local error');
@@ -370,7 +374,11 @@ export class QueuePair implements EngineContext {
     const st = this._state;
     if ((st === 'RTS' || st === 'SQD') && this.rnrUntil === undefined &&
         this.requester.blocked(this, this.sq, this.completer.psn) === undefined) {
-      return ASAP;
+      if (!this.cc) return ASAP;
+      // Paced: the next packet waits for the rate, or for an RP timer that raises it.
+      const at = this.cc.sendAt();
+      if (at <= this.now) return ASAP;
+      t = earliest(at, this.cc.timerAt());
     }
     if (this.responder.hasWork && st !== 'ERR' && st !== 'RESET') return ASAP;
     t = earliest(t, this.rnrUntil);

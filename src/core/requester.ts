@@ -164,6 +164,9 @@ export class Requester {
     } else {
       wqe.npkts = Math.max(1, Math.ceil(wqe.length / mtu));
     }
+    // Normally a no-op. After a go-back-N the completer may retire a WQE whose resend had not
+    // finished; its PSNs up to highPsn are spent, and a new WQE must not reuse them.
+    this.psn = this.highPsn;
     wqe.firstPsn = this.psn;
     wqe.lastPsn = psnAdd(this.psn, wqe.npkts - 1);
     wqe.nextPkt = 0;

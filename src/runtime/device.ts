@@ -17,6 +17,7 @@
 
 import type { Link, RxMeta } from '../link/link.js';
 import { gidOf, normalizeAddress } from '../core/address.js';
+import { DeviceNotificationPoint, qpCcState, qpCongestion, type CcOption, type QpCcState } from '../core/cc-hooks.js';
 import { newCounters, type Counters } from '../core/counters.js';
 import { CompletionQueue } from '../core/cq.js';
 import { RoceError } from '../core/errors.js';
@@ -26,6 +27,7 @@ import { QueuePair, type QpIo } from '../core/qp.js';
 import type { AsyncEvent, Endpoint, QpCap, QpState, QpType, Qpn } from '../core/types.js';
 import { DEFAULT_PKEY } from '../wire/constants.js';
 import { parsePacket } from '../wire/packet.js';
+import { Gsi } from '../cm/gsi.js';
 import { VirtualClock, type Clock, type TimerHandle } from './clock.js';
 
 export interface DeviceOptions {
@@ -37,6 +39,8 @@ export interface DeviceOptions {
   onStateChange?: (qpn: Qpn, from: QpState, to: QpState, reason: string) => void;
   /** Called on every dropped packet with its counter name (traces, tests). */
   onDrop?: (reason: keyof Counters, detail: string) => void;
+  /** Congestion control (core/cc-hooks.ts): the RC/UC QPs' default, and whether CNPs are sent. Default 'none'. */
+  cc?: CcOption;
 }
 
 export interface CreateQpOptions {
@@ -46,6 +50,14 @@ export interface CreateQpOptions {
   recvCq: CompletionQueue;
   cap: QpCap;
   sqSigAll: boolean;
+  /** This QP's congestion control, instead of the device's. */
+  cc?: CcOption;
+  /**
+   * Only for QP1, the GSI (src/cm/gsi.ts): a QPN below FIRST_QPN asked for by number. Every
+   * other QPN comes from the allocator, which starts at FIRST_QPN and wraps back to it, so it
+   * never hands out 0 or 1.
+   */
+  qpn?: Qpn;
 }
 
 interface Sched {
@@ -76,6 +88,8 @@ export class Device {
   private closed = false;
   private readonly virtual: boolean;
   private readonly io: QpIo;
+  /** QP1 and the CM agent it feeds; created at open, as a kernel does for every port. */
+  readonly gsi: Gsi;
 
   constructor(opts: DeviceOptions) {
     this.opts = opts;
@@ -94,6 +108,8 @@ export class Device {
       stateChanged: (qpn, from, to, reason) => this.opts.onStateChange?.(qpn, from, to, reason),
     };
     this.link.onReceive((payload, meta) => this.receive(payload, meta));
+    this.np = DeviceNotificationPoint.create(opts.cc, this.link, this.counters);
+    this.gsi = new Gsi(this);
   }
 
   allocPd(owner: object): ProtectionDomain {
@@ -122,12 +138,18 @@ export class Device {
     lim('maxInlineData', c.maxInlineData, DEVICE_LIMITS.maxInlineData);
     if (this.qps.size >= DEVICE_LIMITS.maxQp) throw new RoceError('ERR_INVALID_ATTR', 'too many QPs');
     let qpn = this.nextQpn;
-    while (this.qps.has(qpn)) qpn = qpn >= 0xffffff ? FIRST_QPN : qpn + 1;
-    this.nextQpn = qpn >= 0xffffff ? FIRST_QPN : qpn + 1;
+    if (o.qpn !== undefined) {
+      if (!(o.qpn > 0 && o.qpn < FIRST_QPN) || this.qps.has(o.qpn)) throw new RoceError('ERR_INVALID_ATTR', `QPN ${o.qpn} is not a free special QPN`);
+      qpn = o.qpn;
+    } else {
+      while (this.qps.has(qpn)) qpn = qpn >= 0xffffff ? FIRST_QPN : qpn + 1;
+      this.nextQpn = qpn >= 0xffffff ? FIRST_QPN : qpn + 1;
+    }
     const qp = new QueuePair({
       qpn, type: o.type, pd: o.pd, mrs: this.mrs, counters: this.counters, sendCq: o.sendCq, recvCq: o.recvCq,
       cap: c, sqSigAll: o.sqSigAll, portMtu: this.portMtu, io: this.io,
     });
+    qp.cc = qpCongestion(o.cc ?? this.opts.cc, qp, this.virtual, this.clock.now());
     this.qps.set(qpn, qp);
     return qp;
   }
@@ -210,6 +232,7 @@ export class Device {
     const { packet: pkt, info } = parsed;
     if (info.transport === 'CNP') {
       c.cnpRcvd++;
+      this.feedCnp(pkt.bth.destQp, meta);
       return;
     }
     const qp = this.qps.get(pkt.bth.destQp);
@@ -231,11 +254,32 @@ export class Device {
       if (src === undefined || src !== qp.attrs.dest?.address) return this.drop('badAddr', `from ${meta.src.address}`);
     }
     c.rcvdPkts++;
+    if (this.np !== undefined && info.request) this.np.onRequest(qp, payload, meta, this.clock.now(), pkt.deth?.srcQp);
     qp.onPacket(this.clock.now(), pkt, info, {
       srcAddress: meta.src.address, dstAddress: this.link.local.address, udpLength: payload.length,
     });
     this.kick(qp);
   }
+
+  // --- congestion control (core/cc-hooks.ts) ------------------------------------------------
+
+  /** The NP: sends CNPs for marked requests; undefined when the device sends none. */
+  private readonly np: DeviceNotificationPoint | undefined = undefined;
+
+  /** A CNP for `qpn` feeds that QP's RP, if it has one and the CNP came from its peer. */
+  private feedCnp(qpn: Qpn, meta: RxMeta): void {
+    const qp = this.qps.get(qpn);
+    if (qp?.cc === undefined || qp.type === 'UD' || this.normalize(meta.src.address) !== qp.attrs.dest?.address) return;
+    qp.cc.onCnp(this.clock.now());
+    this.kick(qp);
+  }
+
+  /** `qp`'s congestion state: its rate, CNPs both ways, marked packets received. */
+  ccState(qp: QueuePair): QpCcState {
+    return qpCcState(qp, this.np, this.clock.now());
+  }
+
+  // ---------------------------------------------------------------------------------------
 
   private drop(reason: keyof Counters, detail: string): void {
     this.counters[reason]++;
@@ -268,6 +312,7 @@ export class Device {
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
+    this.gsi.close();
     for (const qp of [...this.sched.keys()]) this.cancel(qp);
     this.ready.clear();
     await this.link.close();

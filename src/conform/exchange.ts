@@ -1,0 +1,239 @@
+/**
+ * Exchanges: how the prober sets up a session with a peer and learns what it may do there.
+ *
+ * - `pingpong`: the peer is an `ibv_rc_pingpong` server. We learn its QPN and PSN and tell it
+ *   ours; it has receives posted and answers each of our SENDs with one of its own. No memory.
+ * - `perftest`: an `ib_write_bw` / `ib_read_bw` / `ib_atomic_bw` server. We learn QPN, PSN and
+ *   the rkey/VA of its buffer; the QP allows exactly the tool's verb; no receives are posted.
+ * - `self`: our reference target (target.ts) over its JSON control connection: memory with all
+ *   rights plus a read-only region, receives, echo, and variants on request (no receives,
+ *   restricted QP access, a READ from the target to us).
+ *
+ * A session says what it offers; a case whose precondition is missing is reported
+ * `not-applicable` with the reason.
+ */
+
+import net from 'node:net';
+import { pingpongClientExchange, PINGPONG_DEFAULT_PORT } from '../oob/pingpong.js';
+import { perftestClientExchange, PERFTEST_DEFAULT_PORT, mtuFromEnum, type PerftestSession, type PerftestVerb } from '../oob/perftest.js';
+import { gidFromIp, parseIpAddress } from '../wire/frame.js';
+import { SocketReader } from '../oob/common.js';
+
+export type Access = 'read' | 'write' | 'atomic';
+
+export interface MemoryInfo {
+  rkey: number;
+  va: bigint;
+  /** Bytes known to be inside the region. */
+  length: number;
+  /** True when `length` is the exact region length (out-of-bounds cases can aim just past it). */
+  exactLength: boolean;
+}
+
+export interface PeerSession {
+  exchange: string;
+  peerQpn: number;
+  /** The peer's initial send PSN. */
+  peerPsn: number;
+  /** Our initial send PSN (the peer's rq_psn). */
+  ourPsn: number;
+  mtu: number;
+  /** Operations the peer's QP allows (its qp_access_flags). */
+  access: Access[];
+  memory?: MemoryInfo;
+  /** A region registered without remote write (self target only). */
+  readOnlyMemory?: MemoryInfo;
+  /** The same memory is offered again after a reconnect (so a later READ can check it). */
+  memoryPersists?: boolean;
+  /** Receives are posted: SENDs are accepted. */
+  recvPosted: boolean;
+  /** The peer answers each received SEND with a SEND of its own. */
+  echoes: boolean;
+  /** The peer's retry_cnt and timeout attributes, when known. */
+  retryCnt?: number;
+  timeout?: number;
+  /** Ask the peer to post an RDMA READ (of our fake memory) followed by a SEND; self only. */
+  readThenSend?(rkey: number, va: bigint, length: number): Promise<void>;
+  close(): Promise<void>;
+}
+
+/** Variants a case may ask for; an exchange that cannot honour one says why. */
+export interface SessionVariant {
+  /** Our initial PSN (every exchange can: we choose it). */
+  ourPsn?: number;
+  noRecv?: boolean;
+  access?: Access[];
+}
+
+export interface Exchange {
+  readonly name: string;
+  /** Why this exchange cannot give that variant, or undefined when it can. */
+  cannot(v: SessionVariant): string | undefined;
+  connect(ourQpn: number, ourAddress: string, v: SessionVariant): Promise<PeerSession>;
+  /** Called before a reconnect when the peer's QP is gone (e.g. restart the tool). */
+  restart?(reason: string): Promise<void>;
+}
+
+const randomPsn = (): number => Math.floor(Math.random() * 0xffffff);
+
+function gidOfAddress(address: string): Uint8Array {
+  const ip = parseIpAddress(address);
+  if (!ip) throw new Error(`not an IP address: ${address}`);
+  return gidFromIp(ip);
+}
+
+export interface PingpongExchangeOptions {
+  host: string;
+  port?: number;
+  connectTimeoutMs?: number;
+  restart?: (reason: string) => Promise<void>;
+  /** The server's retry_cnt and timeout; default ibv_rc_pingpong's 7 and 14. */
+  retryCnt?: number;
+  timeout?: number;
+}
+
+export function pingpongExchange(o: PingpongExchangeOptions): Exchange {
+  return {
+    name: 'pingpong',
+    cannot: (v) => (v.noRecv ? 'ibv_rc_pingpong keeps its receive queue full (rx_depth 500, refilled)' :
+      v.access ? 'ibv_rc_pingpong registers no memory for remote access' : undefined),
+    async connect(ourQpn, ourAddress, v) {
+      const ourPsn = v.ourPsn ?? randomPsn();
+      const r = await pingpongClientExchange(o.host, o.port ?? PINGPONG_DEFAULT_PORT, { lid: 0, qpn: ourQpn, psn: ourPsn, gid: gidOfAddress(ourAddress) },
+        { connectTimeoutMs: o.connectTimeoutMs ?? 10_000 });
+      return {
+        exchange: 'pingpong', peerQpn: r.remote.qpn, peerPsn: r.remote.psn, ourPsn, mtu: 1024, access: [], recvPosted: true, echoes: true,
+        // ibv_rc_pingpong: timeout 14, retry_cnt 7, rnr_retry 7.
+        retryCnt: o.retryCnt ?? 7, timeout: o.timeout ?? 14,
+        close: async () => undefined,
+      };
+    },
+    ...(o.restart ? { restart: o.restart } : {}),
+  };
+}
+
+export interface PerftestExchangeOptions {
+  host: string;
+  port?: number;
+  verb: Exclude<PerftestVerb, 'send'>;
+  connectTimeoutMs?: number;
+  restart?: (reason: string) => Promise<void>;
+  /** The -s size the server was started with (its buffer holds at least this much). Default 4096. */
+  size?: number;
+}
+
+export function perftestExchange(o: PerftestExchangeOptions): Exchange {
+  const access: Access[] = [o.verb];
+  return {
+    name: `perftest-${o.verb}`,
+    cannot: (v) => (v.access && v.access.some((a) => !access.includes(a)) ? `the ib_${o.verb}_bw server's QP allows ${o.verb} only` : undefined),
+    async connect(ourQpn, ourAddress, v) {
+      const ourPsn = v.ourPsn ?? randomPsn();
+      const s: PerftestSession = await perftestClientExchange(o.host, o.port ?? PERFTEST_DEFAULT_PORT, {
+        verb: o.verb, mtu: 3, connectTimeoutMs: o.connectTimeoutMs ?? 10_000,
+        local: { lid: 0, outReads: o.verb === 'write' ? 1 : 16, qpn: ourQpn, psn: ourPsn, rkey: 0x1234, vaddr: 0x10000n, gid: gidOfAddress(ourAddress), srqn: 0 },
+      });
+      await s.ready();
+      const k = s.remote[0]!;
+      return {
+        exchange: `perftest-${o.verb}`, peerQpn: k.qpn, peerPsn: k.psn, ourPsn, mtu: mtuFromEnum(s.mtu), access,
+        memory: { rkey: k.rkey, va: k.vaddr, length: o.size ?? 4096, exactLength: false },
+        recvPosted: false, echoes: false, retryCnt: 7, timeout: 14,
+        close: async () => {
+          // Leaving mid-sequence makes the tool fail its next read and exit.
+          s.close();
+        },
+      };
+    },
+    ...(o.restart ? { restart: o.restart } : {}),
+  };
+}
+
+// --- the self target's control protocol (JSON lines over TCP) ---------------------------------
+
+export interface SelfConnectRequest {
+  op: 'connect';
+  qpn: number;
+  psn: number;
+  address: string;
+  udpPort: number;
+  recvs: number;
+  access: Access[];
+}
+
+export interface SelfConnectReply {
+  ok: boolean;
+  error?: string;
+  qpn: number;
+  psn: number;
+  mtu: number;
+  retryCnt: number;
+  timeout: number;
+  access: Access[];
+  recvs: number;
+  mem: { rkey: number; va: string; length: number };
+  ro: { rkey: number; va: string; length: number };
+}
+
+export const SELF_DEFAULT_PORT = 18600;
+
+export interface SelfExchangeOptions {
+  host: string;
+  /** The target's control port. */
+  port?: number;
+  /** Our UDP port (the target answers there), or how to learn it once bound. Default 4791. */
+  udpPort?: number | (() => number);
+}
+
+export function selfExchange(o: SelfExchangeOptions): Exchange {
+  return {
+    name: 'self',
+    cannot: () => undefined,
+    async connect(ourQpn, ourAddress, v) {
+      const ourPsn = v.ourPsn ?? randomPsn();
+      const socket = await new Promise<net.Socket>((resolve, reject) => {
+        const s = net.connect({ host: o.host, port: o.port ?? SELF_DEFAULT_PORT });
+        s.once('connect', () => resolve(s));
+        s.once('error', reject);
+      });
+      socket.setNoDelay(true);
+      const reader = new SocketReader(socket, 'self target');
+      const call = async (req: object): Promise<Record<string, unknown>> => {
+        socket.write(JSON.stringify(req) + '\n');
+        let line = '';
+        for (;;) {
+          const c = await reader.readExact(1, 10_000, 'control reply');
+          if (c[0] === 0x0a) break;
+          line += String.fromCharCode(c[0]!);
+        }
+        return JSON.parse(line) as Record<string, unknown>;
+      };
+      const req: SelfConnectRequest = {
+        op: 'connect', qpn: ourQpn, psn: ourPsn, address: ourAddress, udpPort: typeof o.udpPort === 'function' ? o.udpPort() : o.udpPort ?? 4791,
+        recvs: v.noRecv ? 0 : 64, access: v.access ?? ['read', 'write', 'atomic'],
+      };
+      let r: SelfConnectReply;
+      try {
+        r = (await call(req)) as unknown as SelfConnectReply;
+      } catch (e) {
+        socket.destroy();
+        throw e;
+      }
+      if (!r.ok) {
+        socket.destroy();
+        throw new Error(`self target refused the session: ${r.error ?? '?'}`);
+      }
+      const mem = (m: SelfConnectReply['mem']): MemoryInfo => ({ rkey: m.rkey, va: BigInt(m.va), length: m.length, exactLength: true });
+      return {
+        exchange: 'self', peerQpn: r.qpn, peerPsn: r.psn, ourPsn, mtu: r.mtu, access: r.access, memory: mem(r.mem), readOnlyMemory: mem(r.ro),
+        memoryPersists: true, recvPosted: r.recvs > 0, echoes: r.recvs > 0, retryCnt: r.retryCnt, timeout: r.timeout,
+        readThenSend: async (rkey, va, length) => {
+          await call({ op: 'readThenSend', rkey, va: '0x' + va.toString(16), length });
+        },
+        close: async () => {
+          socket.destroy();
+        },
+      };
+    },
+  };
+}
