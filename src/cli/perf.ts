@@ -49,6 +49,7 @@ import {
 import { normalizeAddress } from '../core/address.js';
 import { ACCESS, type AddressHandle, type RecvWr, type SendWr, type WorkCompletion } from '../core/types.js';
 import { FaultyLink } from '../link/fault.js';
+import { TraceLink } from '../link/trace.js';
 import { PcapTap } from '../link/pcap-tap.js';
 import type { Link } from '../link/link.js';
 import { UdpLink } from '../link/udp.js';
@@ -66,7 +67,7 @@ import {
 } from './perf-args.js';
 import { parseCNumber } from './pingpong-args.js';
 
-export const PERF_CLI_USAGE = `${PERF_USAGE} [--bind ADDR] [--udp-port N] [--capture FILE] [--loss PCT [--seed N]] [--dump FILE]`;
+export const PERF_CLI_USAGE = `${PERF_USAGE} [--bind ADDR] [--udp-port N] [--capture FILE] [--loss PCT [--seed N]] [--dump FILE] [--trace]`;
 
 /** DEF_QKEY */
 export const PERF_QKEY = 0x11111111;
@@ -134,6 +135,8 @@ interface Extras {
   lossPct?: number;
   seed: number;
   dump?: string;
+  /** Print every packet sent and received with the one-line printer (stderr). */
+  trace: boolean;
 }
 
 /** Our options that perftest does not have, taken out before the perftest flags are parsed. */
@@ -141,8 +144,13 @@ function takeExtras(argv: string[]): { rest: string[]; extras: Extras } {
   const names = ['bind', 'udp-port', 'capture', 'loss', 'seed', 'dump'];
   const raw = new Map<string, string>();
   const rest: string[] = [];
+  let trace = false;
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i] as string;
+    if (a === '--trace') {
+      trace = true;
+      continue;
+    }
     const m = /^--([a-z-]+)(?:=(.*))?$/.exec(a);
     const name = m?.[1];
     if (!m || name === undefined || !names.includes(name)) {
@@ -157,7 +165,7 @@ function takeExtras(argv: string[]): { rest: string[]; extras: Extras } {
     if (raw.has(name)) throw new CliError(`--${name} given twice`);
     raw.set(name, v);
   }
-  const extras: Extras = { udpPort: 4791, seed: 1 };
+  const extras: Extras = { udpPort: 4791, seed: 1, trace };
   const bind = raw.get('bind');
   if (bind !== undefined) {
     const n = normalizeAddress(bind);
@@ -230,7 +238,7 @@ async function openLink(address: string, ex: Extras, clock: SystemClock): Promis
     const code = (e as NodeJS.ErrnoException).code ?? (e as Error).message;
     throw new CliError(`cannot bind RoCEv2 UDP ${address.includes(':') ? `[${address}]` : address}:${ex.udpPort}: ${code}`, EXIT.LOCAL);
   }
-  let link: UdpLink | PcapTap | FaultyLink = udp;
+  let link: UdpLink | PcapTap | FaultyLink | TraceLink = udp;
   let fd: number | undefined;
   if (ex.capture !== undefined) {
     try {
@@ -248,6 +256,8 @@ async function openLink(address: string, ex: Extras, clock: SystemClock): Promis
     faults = new FaultyLink(link, clock, { seed: ex.seed, dropPct: ex.lossPct, direction: 'tx' });
     link = faults;
   }
+  // Outermost: the trace shows what the engine sent and what reached it.
+  if (ex.trace) link = new TraceLink(link, (line) => process.stderr.write(line + '\n'));
   const close = (): void => {
     if (fd !== undefined) closeSync(fd);
     fd = undefined;

@@ -29,9 +29,12 @@ import type { MemoryRegion } from '../core/mr.js';
 import { normalizeAddress } from '../core/address.js';
 import { createEventChannel, RdmaCmError, type ConnectOptions, type RdmaCmEvent, type RdmaCmId } from '../cm/rdmacm.js';
 import { CliError, EXIT } from './errors.js';
+import type { Link } from '../link/link.js';
+import { TraceLink } from '../link/trace.js';
+import { UdpLink } from '../link/udp.js';
 
 export const RPING_USAGE =
-  'roce rping -s|-c [-a ADDR] [-I ADDR] [-p PORT] [-C COUNT] [-S SIZE] [-v] [-V] [-d] [--roce-port N] [--peer-roce-port N]';
+  'roce rping -s|-c [-a ADDR] [-I ADDR] [-p PORT] [-C COUNT] [-S SIZE] [-v] [-V] [-d] [--roce-port N] [--peer-roce-port N] [--trace]';
 
 /** rping's default rdma_cm port. */
 export const RPING_PORT = 7174;
@@ -71,6 +74,8 @@ export interface RpingOptions {
   debug?: boolean;
   /** UDP port of our RoCE stack. Default 4791. */
   rocePort?: number;
+  /** Print every packet sent and received with the one-line printer (to `err`). */
+  trace?: boolean;
   /** UDP port of the peer's RoCE stack. Default: ours. */
   peerRocePort?: number;
   /** An open device to use instead of opening one on `address`/`source` (tests). */
@@ -150,7 +155,12 @@ export async function runRping(o: RpingOptions): Promise<RpingResult> {
   if (ctx === undefined) {
     const local = o.server ? o.address : (o.source ?? (await routeSource(o.address)));
     try {
-      ctx = await openDevice({ address: local, port: o.rocePort ?? 4791 });
+      let link: Link | undefined;
+      if (o.trace) {
+        const udp = await UdpLink.open({ address: local, port: o.rocePort ?? 4791, sourcePorts: 'per-flow' });
+        link = new TraceLink(udp, err);
+      }
+      ctx = await openDevice(link ? { address: local, link } : { address: local, port: o.rocePort ?? 4791 });
     } catch (e) {
       throw new CliError(`cannot open a device on ${local}: ${(e as Error).message}`, EXIT.LOCAL);
     }
@@ -513,6 +523,7 @@ export async function rpingCommand(argv: string[]): Promise<number> {
       d: { type: 'boolean', short: 'd' },
       'roce-port': { type: 'string' },
       'peer-roce-port': { type: 'string' },
+      trace: { type: 'boolean' },
     },
   });
   void positionals;
@@ -541,6 +552,7 @@ export async function rpingCommand(argv: string[]): Promise<number> {
     validate: values.V === true,
     debug: values.d === true,
     rocePort: int('--roce-port', values['roce-port'], 1, 65535) ?? 4791,
+    trace: values.trace === true,
   };
   if (values.I !== undefined) o.source = normalizeAddress(values.I)!;
   const peer = int('--peer-roce-port', values['peer-roce-port'], 1, 65535);

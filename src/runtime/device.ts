@@ -243,8 +243,10 @@ export class Device {
     if (info.request ? !(st === 'RTR' || st === 'RTS' || st === 'SQD' || st === 'SQE') : !(st === 'RTS' || st === 'SQD')) {
       return this.drop('badState', `${info.name} to a QP in ${st}`);
     }
-    // check_keys: one P_Key, the default (rxe accepts nothing else; 9.6.1.2.2).
-    if (pkt.bth.pkey !== DEFAULT_PKEY) return this.drop('badPkey', `P_Key 0x${pkt.bth.pkey.toString(16)}`);
+    // check_keys (9.6.1.2.2): our one P_Key is the default, 0xffff, a full member. Two keys match
+    // when their low 15 bits agree and at least one is a full member (10.9.3), so the default
+    // partition's limited-member key 0x7fff matches too (rxe accepts it); nothing else does.
+    if ((pkt.bth.pkey & 0x7fff) !== (DEFAULT_PKEY & 0x7fff)) return this.drop('badPkey', `P_Key 0x${pkt.bth.pkey.toString(16)}`);
     if (qp.type === 'UD') {
       // Q_Key (10.2.5): a datagram must carry the receiving QP's Q_Key.
       if ((pkt.deth!.qkey >>> 0) !== (qp.attrs.qkey >>> 0)) return this.drop('badQkey', `Q_Key 0x${pkt.deth!.qkey.toString(16)}`);

@@ -8,14 +8,10 @@ import { toHtml, toMarkdown } from '../../src/conform/report.js';
 import { bench, FAST } from './helpers.js';
 
 /**
- * Cases where our own engine deviates: findings for the engine's owners (src/runtime, src/core),
- * kept visible here as todo assertions instead of being hidden.
- *  - pkey-limited-member: Device.receive drops every P_Key but 0xffff; IBTA §10.9.3 matches on the
- *    low 15 bits when one side is a full member, so 0x7fff must be accepted (rxe does).
+ * Cases where our own engine deviates, kept visible here as todo assertions instead of being
+ * hidden. None at present.
  */
-const KNOWN_FINDINGS: Record<string, string> = {
-  'pkey-limited-member': 'engine finding: P_Key 0x7fff (limited member of the default partition) is dropped (src/runtime/device.ts check_keys)',
-};
+const KNOWN_FINDINGS: Record<string, string> = {};
 
 t.test('self exchange: every case passes', async (t) => {
   const b = await bench();
