@@ -22,8 +22,8 @@
 import { SystemClock, type Clock } from '../runtime/clock.js';
 import { parseIpAddress } from '../wire/frame.js';
 import type { RoceFrameOptions } from '../pcap/writer.js';
-import type { RxHook, WireDatagram, WireLink } from './link.js';
-import type { LinkCaps, LinkDropReason, LinkRxHandler, PeerAddress, RxMeta } from './link.js';
+import type { PeerAddress, RxMeta, WireLink } from './link.js';
+import { TapLink } from './middleware.js';
 
 /** What the tap needs of a capture writer; `PcapWriter` and `PcapngWriter` both fit. */
 export interface RoceCaptureWriter {
@@ -42,7 +42,7 @@ export interface PcapTapOptions {
 /** IPv4 TOS / IPv6 traffic class with ECN = CE (RFC 3168). */
 const ECN_CE = 0x03;
 
-export class PcapTap implements WireLink {
+export class PcapTap extends TapLink {
   /** Frames written, and datagrams the writer refused (it threw: a closed file, say). */
   readonly counters = { written: 0, writeErrors: 0 };
 
@@ -52,14 +52,14 @@ export class PcapTap implements WireLink {
   private readonly rx: boolean;
   private readonly localAddr: Uint8Array;
   private readonly addrCache = new Map<string, Uint8Array | null>();
-  private handler: LinkRxHandler | undefined;
 
   constructor(
-    private readonly inner: WireLink,
+    inner: WireLink,
     private readonly writer: RoceCaptureWriter,
     mode: PcapMode = 'both',
     opts: PcapTapOptions = {},
   ) {
+    super(inner);
     this.clock = opts.clock ?? new SystemClock();
     this.epochOffsetUs = opts.epochOffsetUs ?? (this.clock instanceof SystemClock ? Date.now() * 1000 - this.clock.now() : 0);
     this.tx = mode !== 'rx';
@@ -67,50 +67,15 @@ export class PcapTap implements WireLink {
     const local = parseIpAddress(inner.local.address);
     if (local === undefined) throw new RangeError(`PcapTap: link address ${inner.local.address} is not an IP address`);
     this.localAddr = local;
-    inner.onReceive((payload, meta) => {
-      if (this.rx) this.record(payload, 'in', this.addressBytes(meta.src.address), this.localAddr, meta.src.port, this.inner.local.port, meta);
-      this.handler?.(payload, meta);
-    });
   }
 
-  get caps(): LinkCaps {
-    return this.inner.caps;
+  protected observeRx(payload: Uint8Array, meta: RxMeta): void {
+    if (this.rx) this.record(payload, 'in', this.addressBytes(meta.src.address), this.localAddr, meta.src.port, this.inner.local.port, meta);
   }
 
-  get local(): PeerAddress {
-    return this.inner.local;
-  }
-
-  get drops(): Readonly<Record<LinkDropReason, number>> {
-    return this.inner.drops;
-  }
-
-  onReceive(handler: LinkRxHandler): void {
-    this.handler = handler;
-  }
-
-  setRxHook(hook: RxHook | undefined): void {
-    this.inner.setRxHook(hook);
-  }
-
-  send(dst: PeerAddress, srcPort: number, parts: readonly Uint8Array[]): void {
-    const w = this.inner.frame(dst, srcPort, parts);
-    if (w !== undefined) this.sendRaw(dst, w.srcPort, w.datagram);
-  }
-
-  frame(dst: PeerAddress, srcPort: number, parts: readonly Uint8Array[]): WireDatagram | undefined {
-    return this.inner.frame(dst, srcPort, parts);
-  }
-
-  sendRaw(dst: PeerAddress, srcPort: number, datagram: Uint8Array): void {
+  protected observeTx(dst: PeerAddress, srcPort: number, datagram: Uint8Array): void {
     // Recorded before the inner link owns (and may reuse) the buffer.
     if (this.tx) this.record(datagram, 'out', this.localAddr, this.addressBytes(dst.address), srcPort, dst.port, undefined);
-    this.inner.sendRaw(dst, srcPort, datagram);
-  }
-
-  close(): Promise<void> {
-    this.handler = undefined;
-    return this.inner.close();
   }
 
   private record(

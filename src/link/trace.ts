@@ -12,62 +12,26 @@
 
 import { parsePacket } from '../wire/packet.js';
 import { formatPacket } from '../wire/pretty.js';
-import type { RxHook, WireDatagram, WireLink } from './link.js';
-import type { LinkCaps, LinkDropReason, LinkRxHandler, PeerAddress, RxMeta } from './link.js';
+import type { PeerAddress, RxMeta, WireLink } from './link.js';
+import { TapLink } from './middleware.js';
 
 /** Bytes of an unparseable datagram shown in hex. */
 const HEX_BYTES = 32;
 
-export class TraceLink implements WireLink {
-  private handler: LinkRxHandler | undefined;
-
+export class TraceLink extends TapLink {
   constructor(
-    private readonly inner: WireLink,
+    inner: WireLink,
     private readonly print: (line: string) => void,
   ) {
-    inner.onReceive((payload, meta) => {
-      this.print(`rx ${peer(meta.src)} ${rxStatus(meta)} ${describe(payload)}`);
-      this.handler?.(payload, meta);
-    });
+    super(inner);
   }
 
-  get caps(): LinkCaps {
-    return this.inner.caps;
+  protected observeRx(payload: Uint8Array, meta: RxMeta): void {
+    this.print(`rx ${peer(meta.src)} ${rxStatus(meta)} ${describe(payload)}`);
   }
 
-  get local(): PeerAddress {
-    return this.inner.local;
-  }
-
-  get drops(): Readonly<Record<LinkDropReason, number>> {
-    return this.inner.drops;
-  }
-
-  onReceive(handler: LinkRxHandler): void {
-    this.handler = handler;
-  }
-
-  setRxHook(hook: RxHook | undefined): void {
-    this.inner.setRxHook(hook);
-  }
-
-  send(dst: PeerAddress, srcPort: number, parts: readonly Uint8Array[]): void {
-    const w = this.inner.frame(dst, srcPort, parts);
-    if (w !== undefined) this.sendRaw(dst, w.srcPort, w.datagram);
-  }
-
-  frame(dst: PeerAddress, srcPort: number, parts: readonly Uint8Array[]): WireDatagram | undefined {
-    return this.inner.frame(dst, srcPort, parts);
-  }
-
-  sendRaw(dst: PeerAddress, srcPort: number, datagram: Uint8Array): void {
+  protected observeTx(dst: PeerAddress, srcPort: number, datagram: Uint8Array): void {
     this.print(`tx ${peer(dst)} sport=${srcPort} ${describe(datagram)}`);
-    this.inner.sendRaw(dst, srcPort, datagram);
-  }
-
-  close(): Promise<void> {
-    this.handler = undefined;
-    return this.inner.close();
   }
 }
 

@@ -31,19 +31,8 @@ import { emitPacket } from '../../src/wire/packet.js';
 import { GSI_QKEY } from '../../src/wire/constants.js';
 import { PcapWriter } from '../../src/pcap/writer.js';
 import { rpingMads, RPING_PCAP } from '../cm/rping.js';
-import { tsharkJson } from './tshark.js';
+import { tsharkJson, flatten } from './tshark.js';
 
-/** Flattens a tshark JSON layer tree into field → value (first occurrence wins). */
-function flatten(o: unknown, into: Map<string, string> = new Map()): Map<string, string> {
-  if (o && typeof o === 'object') {
-    for (const [k, v] of Object.entries(o as Record<string, unknown>)) {
-      if (typeof v === 'string') {
-        if (!into.has(k)) into.set(k, v);
-      } else flatten(v, into);
-    }
-  }
-  return into;
-}
 
 const colons = (b: Uint8Array): string => [...b].map((x) => x.toString(16).padStart(2, '0')).join(':');
 

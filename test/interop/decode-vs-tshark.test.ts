@@ -9,21 +9,10 @@ import { readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { decodeCapture, type DecodedFrame } from '../../src/analyze/decode.js';
 import { toHex } from '../../src/wire/bytes.js';
-import { tsharkJson } from './tshark.js';
+import { tsharkJson, flatten } from './tshark.js';
 
 const FIXTURES = join(import.meta.dirname, '../../../test/fixtures/rxe');
 
-/** Flattens a tshark JSON layer tree into field → value (first occurrence wins). */
-function flatten(o: unknown, into: Map<string, string> = new Map()): Map<string, string> {
-  if (o && typeof o === 'object') {
-    for (const [k, v] of Object.entries(o as Record<string, unknown>)) {
-      if (typeof v === 'string') {
-        if (!into.has(k)) into.set(k, v);
-      } else flatten(v, into);
-    }
-  }
-  return into;
-}
 
 const num = (s: string | undefined): number => (s === undefined ? NaN : Number(s));
 const hexBytes = (s: string | undefined): string => (s ?? '').replace(/:/g, '');

@@ -14,7 +14,7 @@ import { recordCell, type Direction } from '../../interop/matrix.js';
 import { decodeCapture } from '../../src/analyze/decode.js';
 import { rdmaCmServiceId } from '../../src/cm/messages.js';
 import { fillPing } from '../../src/cli/rping.js';
-import { tsharkJson } from './tshark.js';
+import { tsharkJson, flatten } from './tshark.js';
 
 const t0 = Date.now();
 const pcap = path.join(tmpdir(), `roce-rping-${process.pid}.pcap`);
@@ -263,17 +263,6 @@ function record(direction: Direction, family: 4 | 6, pass: boolean, ms: number, 
   recordCell({ suite: 'rping', transport: 'RC', op: 'RDMA_READ+RDMA_WRITE+SEND', mtu: 1024, size: 64, direction, family, pass, ms, tool: 'rping', note });
 }
 
-/** Flattens a tshark JSON layer tree into field → value (first occurrence wins). */
-function flatten(o: unknown, into: Map<string, string> = new Map()): Map<string, string> {
-  if (o && typeof o === 'object') {
-    for (const [k, v] of Object.entries(o as Record<string, unknown>)) {
-      if (typeof v === 'string') {
-        if (!into.has(k)) into.set(k, v);
-      } else flatten(v, into);
-    }
-  }
-  return into;
-}
 
 t.test('the capture: tshark shows the CM fields we announced; every ICRC is good', async (t) => {
   const lab = need();

@@ -38,3 +38,15 @@ export async function tsharkJson(file: string, extraArgs: string[] = []): Promis
   if (!Array.isArray(parsed)) throw new Error(`tshark -T json on ${file} did not give an array`);
   return parsed;
 }
+
+/** Flattens a tshark JSON layer tree into field → value (first occurrence wins). */
+export function flatten(o: unknown, into: Map<string, string> = new Map()): Map<string, string> {
+  if (o && typeof o === 'object') {
+    for (const [k, v] of Object.entries(o as Record<string, unknown>)) {
+      if (typeof v === 'string') {
+        if (!into.has(k)) into.set(k, v);
+      } else flatten(v, into);
+    }
+  }
+  return into;
+}
