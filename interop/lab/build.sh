@@ -22,7 +22,7 @@ mkdir -p "$cache/kernel" "$out"
 log() { printf 'build.sh: %s\n' "$*" >&2; }
 die() { printf 'build.sh: error: %s\n' "$*" >&2; exit 1; }
 
-for tool in apt-get apt-cache dpkg dpkg-query depmod modprobe cpio gzip ldd ldconfig busybox; do
+for tool in apt-get apt-cache dpkg dpkg-query depmod modprobe cpio gzip ldd ldconfig busybox gcc; do
   command -v "$tool" >/dev/null || die "missing '$tool' (run interop/lab/install-deps.sh)"
 done
 
@@ -81,11 +81,24 @@ done
 libgcc=$(ldconfig -p | sed -n 's/^[[:space:]]*libgcc_s\.so\.1 (libc6,x86-64) => //p' | head -n1)
 [[ -n "$libgcc" && -e "$libgcc" ]] || die "libgcc_s.so.1 not found"
 
+# Our own libibverbs peer (peer/verbs-peer.c: immediates, 0-byte RC/UC messages, UD at a chosen
+# MTU), compiled on the host against the same Debian libibverbs the guest gets. Rebuilt when the
+# source is newer than the binary; its source is part of the stamp below.
+peer_src=$here/peer/verbs-peer.c
+peer_bin=$cache/peer/verbs-peer
+[[ -f /usr/include/infiniband/verbs.h ]] || die "missing /usr/include/infiniband/verbs.h (libibverbs-dev; run interop/lab/install-deps.sh)"
+if [[ ! -x $peer_bin || $peer_src -nt $peer_bin ]]; then
+  mkdir -p "$cache/peer"
+  gcc -O2 -Wall -Wextra -Werror -o "$peer_bin.new" "$peer_src" -libverbs || die "compiling $peer_src failed"
+  mv "$peer_bin.new" "$peer_bin"
+  log "compiled $peer_bin"
+fi
+
 # --- 3. Is the initramfs up to date? ---------------------------------------------------------
 pkgs=$(dpkg-query -W -f '${Package}=${Version}\n' busybox-static coreutils iproute2 rdma-core \
-  ibverbs-utils ibverbs-providers libibverbs1 librdmacm1 perftest rdmacm-utils libc6 2>/dev/null | sort)
+  ibverbs-utils ibverbs-providers libibverbs1 libibverbs-dev librdmacm1 perftest rdmacm-utils libc6 gcc 2>/dev/null | sort)
 stamp=$( { echo "$kver"; echo "$pkgs"; printf '%s\n' "${modules[@]}" "${bins[@]}";
-           cat "$here/build.sh" "$here"/guest/*; } | sha256sum | cut -d' ' -f1)
+           cat "$here/build.sh" "$here"/guest/* "$peer_src"; } | sha256sum | cut -d' ' -f1)
 if [[ -f $out/stamp && "$(cat "$out/stamp")" == "$stamp" && -f $out/initramfs.gz && -f $out/vmlinuz ]]; then
   log "up to date ($kver, $(du -h "$out/initramfs.gz" | cut -f1) initramfs)"
   exit 0
@@ -112,7 +125,8 @@ put() {
 
 # Binaries, the rxe provider and libgcc_s, plus the closure of their shared libraries.
 for f in "${bins[@]}" "$provider" "$libgcc"; do put "$f"; done
-ldd "${bins[@]}" "$provider" "$libgcc" 2>/dev/null \
+put "$peer_bin" /usr/bin/verbs-peer
+ldd "${bins[@]}" "$peer_bin" "$provider" "$libgcc" 2>/dev/null \
   | grep -oE '/[^ :]+\.so[^ :]*' | sort -u | while read -r lib; do put "$lib"; done
 put /etc/libibverbs.d/rxe.driver
 mkdir -p "$root/etc/ld.so.conf.d"

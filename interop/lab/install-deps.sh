@@ -13,13 +13,14 @@
 #   util-linux                setpriv (guest processes die with the test runner)
 #   coreutils bc              timeout (copied into the guest), arithmetic in scripts
 #   apt dpkg                  apt-get download / dpkg -x of the guest kernel package
+#   gcc libibverbs-dev        build.sh compiles our own libibverbs peer (peer/verbs-peer.c)
 set -euo pipefail
 
 [[ $(id -u) -eq 0 ]] || { echo "install-deps.sh: run as root" >&2; exit 1; }
 
 packages=(
   qemu-system-x86 busybox-static rdma-core ibverbs-utils ibverbs-providers perftest rdmacm-utils
-  iproute2 tshark kmod cpio bc util-linux coreutils
+  iproute2 tshark kmod cpio bc util-linux coreutils gcc libc6-dev libibverbs-dev
 )
 
 export DEBIAN_FRONTEND=noninteractive
