@@ -26,7 +26,11 @@ export interface PingpongOptions {
   ibPort: number;
   /** -g: GID index; -1 (default) means no GID (the tools then send an all-zero GID). */
   gidIndex: number;
-  /** -s: message size (default 4096; 1024 for ud, which must fit the port MTU). */
+  /**
+   * -s: message size (default 4096; 2048 for ud, whose message must fit the port MTU). 0 only for
+   * ud: ibv_ud_pingpong runs it (its buffer is size + 40 for the GRH), ibv_rc/uc_pingpong fail on
+   * it (a 0-byte MR cannot be registered), and so does this.
+   */
   size: number;
   /** -n: iterations (default 1000). */
   iters: number;
@@ -85,7 +89,11 @@ export function parsePingpongArgs(argv: string[]): PingpongOptions {
     if (!known) throw new CliError(`-m/--mtu must be 256, 512, 1024, 2048 or 4096, not ${values.mtu}`);
     mtu = known;
   }
-  const size = values.size === undefined ? (transport === 'ud' ? 1024 : 4096) : parseCNumber('-s/--size', values.size, 1, 0xffffffff);
+  // ud_pingpong.c: `unsigned int size = 2048`; rc/uc_pingpong.c: 4096.
+  const size = values.size === undefined ? (transport === 'ud' ? 2048 : 4096) : parseCNumber('-s/--size', values.size, 0, 0xffffffff);
+  if (size === 0 && transport !== 'ud') {
+    throw new CliError(`-s 0: ibv_${transport}_pingpong cannot run 0-byte messages either (it fails to register a 0-byte MR); use -s 1 or more`);
+  }
   const opts: PingpongOptions = {
     transport,
     port: values.port === undefined ? 18515 : parseCNumber('-p/--port', values.port, 1, 65535),

@@ -89,28 +89,16 @@ interface Extras {
   udpPort: number;
   capture?: string;
   trace: boolean;
-  /** `-s 0` was asked for (the shared parser takes 1 at least). */
-  zeroSize: boolean;
 }
 
-/**
- * Takes our own options (not the C tools') out of argv, and `-s 0`, which the shared parser
- * refuses but ibv_ud_pingpong accepts (ibv_rc/uc_pingpong fail on it: a 0-byte MR).
- */
+/** Takes our own options (not the C tools') out of argv. */
 function splitExtras(argv: string[]): { rest: string[]; extras: Extras } {
-  const extras: Extras = { udpPort: ROCEV2_UDP_PORT, trace: false, zeroSize: false };
+  const extras: Extras = { udpPort: ROCEV2_UDP_PORT, trace: false };
   const rest: string[] = [];
   const valueOf = (i: number, flag: string): string => {
     const v = argv[i + 1];
     if (v === undefined) throw new CliError(`${flag} needs a value; usage: ${PINGPONG_CLI_USAGE}`);
     return v;
-  };
-  const isZero = (v: string): boolean => {
-    try {
-      return parseCNumber('-s/--size', v, 0, 0xffffffff) === 0;
-    } catch {
-      return false;
-    }
   };
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i]!;
@@ -128,13 +116,6 @@ function splitExtras(argv: string[]): { rest: string[]; extras: Extras } {
       else extras.udpPort = parseCNumber('--udp-port', v, 1, 65535);
     } else if (a === '--trace') {
       extras.trace = true;
-    } else if ((a === '-s' || a === '--size') && argv[i + 1] !== undefined && isZero(argv[i + 1]!)) {
-      extras.zeroSize = true;
-      rest.push(a, '1');
-      i++;
-    } else if ((name === '--size' && inline !== undefined && isZero(inline)) || (/^-s./.test(a) && isZero(a.slice(2)))) {
-      extras.zeroSize = true;
-      rest.push('-s', '1');
     } else {
       rest.push(a);
     }
@@ -497,12 +478,6 @@ async function closeEndpoint(ep: Endpoint | undefined): Promise<void> {
 export async function pingpongCommand(argv: string[], out: (line: string) => void): Promise<number> {
   const { rest, extras } = splitExtras(argv);
   const opts = parsePingpongArgs(rest);
-  if (extras.zeroSize) {
-    if (opts.transport !== 'ud') {
-      throw new CliError(`-s 0: ibv_${opts.transport}_pingpong cannot run 0-byte messages either (it fails to register a 0-byte MR); use -s 1 or more`);
-    }
-    opts.size = 0;
-  }
   if (opts.ibPort !== 1) throw new CliError(`-i ${opts.ibPort}: the device has one port, 1`);
   if (extras.bind !== undefined && !parseIpAddress(extras.bind)) throw new CliError(`--bind: not an IP address (without zone): ${extras.bind}`);
   const err = (line: string): void => {

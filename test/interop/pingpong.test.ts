@@ -16,6 +16,8 @@
 //    accepts it (its buffer is size + 40).
 //  - UD at path MTU 256 and 1024: ibv_ud_pingpong has no -m, a UD message is one packet, and the
 //    guest's port MTU is 4096; UD runs at 4096 with the sizes up to it.
+// Both are covered with our own libibverbs peer instead, in verbs-peer.test.ts (0-byte RC/UC
+// messages, UD with rxe's port at MTU 256 and 1024), with the immediates the tools never send.
 //
 // The lab's tap towards the guest gets a long queue (a TCG guest drains ~10 MB/s, and a 1 MiB UC
 // message at MTU 256 is 4096 back-to-back packets: the default 1000-packet queue drops, and UC

@@ -14,7 +14,13 @@ t.test('pingpong: defaults and flags', async (t) => {
   t.same(parsePingpongArgs(['10.77.0.2', '-d', 'rxe0', '-g', '1', '-n', '20', '-s', '0x1000', '-m', '4096', '-p', '18600', '-i', '1', '-r', '100', '-l', '3', '-e', '--transport', 'uc']), {
     transport: 'uc', port: 18600, ibPort: 1, gidIndex: 1, size: 4096, iters: 20, mtu: 4096, rxDepth: 100, sl: 3, events: true, host: '10.77.0.2', ibDev: 'rxe0',
   });
-  t.equal(parsePingpongArgs(['--transport', 'ud']).size, 1024, 'ud_pingpong defaults to 1024 bytes');
+  t.equal(parsePingpongArgs(['--transport', 'ud']).size, 2048, 'ud_pingpong defaults to 2048 bytes (ud_pingpong.c)');
+  t.equal(parsePingpongArgs(['--transport', 'ud', '-s', '0']).size, 0, 'ud_pingpong runs -s 0');
+  t.equal(parsePingpongArgs(['--transport', 'ud', '-s0']).size, 0, '-s0');
+  t.equal(parsePingpongArgs(['--transport=ud', '--size=0x0']).size, 0, '--size=0x0');
+  t.throws(() => parsePingpongArgs(['-s', '0']), { code: 'ERR_CLI', message: /ibv_rc_pingpong cannot run 0-byte messages/ }, 'rc -s 0: refused as the tool fails');
+  t.throws(() => parsePingpongArgs(['--transport', 'uc', '-s', '0']), { code: 'ERR_CLI', message: /ibv_uc_pingpong/ }, 'uc -s 0: refused');
+  t.throws(() => parsePingpongArgs(['--transport', 'ud', '--size=-1']), { code: 'ERR_CLI' }, 'a negative size');
   t.equal(parsePingpongArgs(['--gid-idx=2', '--iters=5']).gidIndex, 2);
   const bad = [['-m', '1000'], ['--transport', 'rd'], ['--transport', 'ud', '-m', '1024'], ['-n', 'many'], ['-p', '70000'], ['a', 'b'], ['--transport', 'ud', '-s', '8192'], ['-x', '1']];
   for (const argv of bad) t.throws(() => parsePingpongArgs(argv), argv.join(' '));
