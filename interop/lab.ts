@@ -481,7 +481,10 @@ class LabImpl implements Lab {
     if (!dumpcap) throw new Error('rxe lab: capture requested but dumpcap is not installed (apt-get install tshark)');
     this.capturePath = path.resolve(file);
     rmSync(this.capturePath, { force: true });
-    const child = spawn('ip', ['netns', 'exec', this.netns, ...pdeath(), dumpcap, '-q', '-i', BRIDGE, '-P', '-w', this.capturePath],
+    // -B 64: a 64 MiB kernel buffer (libpcap's default is 2 MiB). A test that moves hundreds of
+    // MiB through the bridge in bursts (1 MiB messages at MTU 256 are 4096 back-to-back frames)
+    // otherwise loses frames in the capture while the wire lost none.
+    const child = spawn('ip', ['netns', 'exec', this.netns, ...pdeath(), dumpcap, '-q', '-B', '64', '-i', BRIDGE, '-P', '-w', this.capturePath],
       { stdio: ['ignore', 'ignore', 'pipe'] });
     this.dumpcap = child;
     child.stderr?.setEncoding('utf8').on('data', (d: string) => { this.dumpcapStderr += d; });

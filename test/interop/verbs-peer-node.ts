@@ -4,7 +4,7 @@
  * in the C file's header). It is always the TCP client; the C peer in the guest is the server.
  *
  *   node verbs-peer-node.js --bind ADDR HOST -p PORT -t rc|uc|ud -m MTU -r requester|responder
- *        -c OP:SIZE[,OP:SIZE...] [-n ITERS] [--port-mtu N]
+ *        -c OP:SIZE[:ITERS][,OP:SIZE[:ITERS]...] [-n ITERS] [--port-mtu N]
  *
  * `--bind` is our RoCEv2 address (its GID is ::ffff:a.b.c.d or the IPv6 address), HOST the C
  * peer's TCP address. `--port-mtu` is our device's active MTU (default 4096): a UD message must
@@ -182,12 +182,12 @@ async function main(): Promise<number> {
   const host = positionals[0];
   const tr = values.transport;
   if (host === undefined || values.bind === undefined || (tr !== 'rc' && tr !== 'uc' && tr !== 'ud') || !values.cells || !values.mtu) {
-    throw new Error('usage: verbs-peer-node --bind ADDR HOST -p PORT -t rc|uc|ud -m MTU -r requester|responder -c OP:SIZE,... [-n ITERS] [--port-mtu N]');
+    throw new Error('usage: verbs-peer-node --bind ADDR HOST -p PORT -t rc|uc|ud -m MTU -r requester|responder -c OP:SIZE[:ITERS],... [-n ITERS] [--port-mtu N]');
   }
   const cells = values.cells.split(',').map((c) => {
-    const [op, size] = c.split(':');
-    if (!(OPS as readonly string[]).includes(op ?? '') || !/^\d+$/.test(size ?? '')) throw new Error(`bad cell ${c}`);
-    return { op: op as Op, size: Number(size) };
+    const [op, size, n, ...rest] = c.split(':');
+    if (!(OPS as readonly string[]).includes(op ?? '') || !/^\d+$/.test(size ?? '') || !/^\d*$/.test(n ?? '') || rest.length) throw new Error(`bad cell ${c}`);
+    return { op: op as Op, size: Number(size), iters: n ? Number(n) : undefined };
   });
   const iters = Number(values.iters);
   const mtu = Number(values.mtu) as MtuValue;
@@ -239,41 +239,39 @@ async function main(): Promise<number> {
         }
       }
 
-      for (const [k, { op, size }] of cells.entries()) {
-        {
-          for (let i = 0; i < iters; i++) {
-            try {
-              if (requester) {
-                const l = await lines.next();
-                if (l !== 'ready') throw new Fail(`expected ready, got '${l}'`);
-                try {
-                  await request(p, op, k, i, size);
-                } catch (e) {
-                  if (e instanceof Fail) lines.send(`fail ${e.message}`);
-                  throw e;
-                }
-                lines.send('sent');
-                const r = await lines.next();
-                if (r !== 'ok') throw new Fail(`the responder: ${r || '(closed)'}`);
-              } else {
-                prepare(p, op, k, i, size);
-                lines.send('ready');
-                const l = await lines.next();
-                if (l !== 'sent') throw new Fail(`the requester: ${l || '(closed)'}`);
-                try {
-                  await check(p, op, k, i, size);
-                } catch (e) {
-                  if (e instanceof Fail) lines.send(`fail ${e.message}`);
-                  throw e;
-                }
-                lines.send('ok');
+      for (const [k, { op, size, iters: count }] of cells.entries()) {
+        for (let i = 0; i < (count ?? iters); i++) {
+          try {
+            if (requester) {
+              const l = await lines.next();
+              if (l !== 'ready') throw new Fail(`expected ready, got '${l}'`);
+              try {
+                await request(p, op, k, i, size);
+              } catch (e) {
+                if (e instanceof Fail) lines.send(`fail ${e.message}`);
+                throw e;
               }
-            } catch (e) {
-              console.log(`cell ${op} ${size} ${i} fail ${(e as Error).message}`);
-              return 1;
+              lines.send('sent');
+              const r = await lines.next();
+              if (r !== 'ok') throw new Fail(`the responder: ${r || '(closed)'}`);
+            } else {
+              prepare(p, op, k, i, size);
+              lines.send('ready');
+              const l = await lines.next();
+              if (l !== 'sent') throw new Fail(`the requester: ${l || '(closed)'}`);
+              try {
+                await check(p, op, k, i, size);
+              } catch (e) {
+                if (e instanceof Fail) lines.send(`fail ${e.message}`);
+                throw e;
+              }
+              lines.send('ok');
             }
-            console.log(`cell ${op} ${size} ${i} ok`);
+          } catch (e) {
+            console.log(`cell ${op} ${size} ${i} fail ${(e as Error).message}`);
+            return 1;
           }
+          console.log(`cell ${op} ${size} ${i} ok`);
         }
       }
       console.log(`result ok ${cells.length} cells`);

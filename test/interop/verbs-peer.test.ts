@@ -1,9 +1,10 @@
 // Our stack against our own libibverbs peer (interop/lab/peer/verbs-peer.c) on rdma_rxe, for the
 // cells the Debian tools cannot run: SEND_WITH_IMM and RDMA_WRITE_WITH_IMM (RC, UC; UD
-// SEND_WITH_IMM) at every message size, 0-byte SEND / RDMA_WRITE / RDMA_READ on RC and UC, and UD
-// at path MTU 256 and 1024. Both directions (`ours→rxe`: our requester, the C peer responding;
-// `rxe→ours`: the reverse), IPv4 and IPv6 GIDs, one lab boot. Our side is
-// test/interop/verbs-peer-node.ts on the public verbs API over real UDP on the lab's bridge.
+// SEND_WITH_IMM), 0-byte RC/UC messages, and UD at path MTU 256 and 1024; and, with every byte
+// checked, the rest of the RC/UC operations × sizes (perftest never looks at the data). Both
+// directions (`ours→rxe`: our requester, the C peer responding; `rxe→ours`: the reverse), IPv4
+// and IPv6 GIDs, one lab boot. Our side is test/interop/verbs-peer-node.ts on the public verbs
+// API over real UDP on the lab's bridge.
 //
 // One connection (one C peer process, one node process, one QP each) runs every cell of one
 // transport × path MTU × family × direction. Each message is a lockstep round (ready / sent / ok
@@ -63,8 +64,11 @@ const SIZES = [0, 1, 4095, 4096, 4097, 65536, MIB];
 const OP_NAME: Record<Op, string> = {
   send: 'SEND', send_imm: 'SEND_WITH_IMM', write: 'RDMA_WRITE', write_imm: 'RDMA_WRITE_WITH_IMM', read: 'RDMA_READ',
 };
-/** Messages per cell (-n): two, so that a cell's consecutive immediates and patterns differ. */
-const ITERS = 2;
+/**
+ * Messages per cell: two, so that a cell's consecutive immediates and patterns differ; one of
+ * 1 MiB (4096 packets at MTU 256: the bulk of the file's time and capture).
+ */
+const itersOf = (size: number): number => (size >= MIB ? 1 : 2);
 const immOf = (k: number, i: number): number => (0x5a000000 | (k << 8) | i) >>> 0;
 
 /** The guest netdev MTU of each phase, and the rxe port MTU it gives. */
@@ -84,6 +88,11 @@ interface Conn {
   /** Our port's active MTU (UD: the path MTU; RC/UC: 4096, the path MTU is per QP). */
   ourPortMtu: number;
   note: string[];
+  /**
+   * A known engine issue these cells may hit: reported (tap todo, matrix note) without failing the
+   * file, and run alone after the phase's lanes (as perftest.test.ts does).
+   */
+  knownIssue?: string;
 }
 
 interface Outcome {
@@ -101,12 +110,11 @@ function cellsFor(tr: Tr, mtu: number): { op: Op; size: number }[] {
     const sizes = [...new Set([...SIZES.filter((s) => s <= mtu), mtu])];
     return [...sizes.map((size) => ({ op: 'send' as const, size })), ...sizes.map((size) => ({ op: 'send_imm' as const, size }))];
   }
-  // What the tools do not run: the immediates at every size, and 0-byte messages of the others.
-  const c: { op: Op; size: number }[] = [];
-  for (const op of ['send_imm', 'write_imm'] as const) for (const size of SIZES) c.push({ op, size });
-  c.push({ op: 'send', size: 0 }, { op: 'write', size: 0 });
-  if (tr === 'rc') c.push({ op: 'read', size: 0 });
-  return c;
+  // Every operation at every size: what the tools cannot run (the immediates, 0-byte messages)
+  // and, with the data checked, what they run unchecked (perftest never looks at the bytes) or
+  // trim for time (1 MiB at MTU 256).
+  const ops: Op[] = tr === 'rc' ? ['send', 'send_imm', 'write', 'write_imm', 'read'] : ['send', 'send_imm', 'write', 'write_imm'];
+  return ops.flatMap((op) => SIZES.map((size) => ({ op, size })));
 }
 
 const conns: Conn[] = [];
@@ -124,7 +132,16 @@ for (const family of [4, 6] as const) {
             note.push(`both ports at active MTU ${mtu} (guest eth0 MTU ${PHASES[phase]!.netdev})`);
           }
         }
-        conns.push({ tr, mtu, family, dir, phase, cells: cellsFor(tr, mtu), ourPortMtu: tr === 'ud' ? mtu : 4096, note });
+        const base = { tr, mtu, family, dir, phase, ourPortMtu: tr === 'ud' ? mtu : 4096, note };
+        const cells = cellsFor(tr, mtu);
+        // The READ retry storm (perftest.test.ts): a 1 MiB READ from us, answered by rxe at kernel
+        // speed, overruns our UDP receive buffer; the re-requests while rxe still streams make it
+        // replay the READ again and again. It recovers in seconds to tens of seconds, or not.
+        const storm = tr === 'rc' && dir === 'ours→rxe' && mtu <= 1024;
+        conns.push({ ...base, cells: storm ? cells.filter((x) => !(x.op === 'read' && x.size === MIB)) : cells });
+        if (storm) {
+          conns.push({ ...base, cells: [{ op: 'read', size: MIB }], knownIssue: 'READ retry storm: ACK timeout re-requests while rxe still streams the earlier burst' });
+        }
       }
     }
   }
@@ -155,7 +172,7 @@ function runOurs(args: string[], timeoutMs: number): { child: ChildProcess; done
 
 /** Time bound of a connection: generous for the MiB messages at MTU 256 under TCG. */
 function boundMs(c: Conn): number {
-  const bytes = c.cells.reduce((a, x) => a + x.size * ITERS, 0);
+  const bytes = c.cells.reduce((a, x) => a + x.size * itersOf(x.size), 0);
   return 30_000 + Math.ceil(bytes / MIB) * (c.mtu === 256 ? 40_000 : 15_000);
 }
 
@@ -164,20 +181,19 @@ async function runConn(c: Conn): Promise<Outcome> {
   const g = lab.guests[0] as Guest;
   const port = nextPort++;
   const gidx = c.family === 4 ? g.gidIndexV4 : g.gidIndexV6;
-  const cells = c.cells.map((x) => `${x.op}:${x.size}`).join(',');
+  const cells = c.cells.map((x) => `${x.op}:${x.size}:${itersOf(x.size)}`).join(',');
   const o: Outcome = { conn: c, start: Date.now(), end: 0 };
-  const n = ITERS;
   const bound = boundMs(c);
   const peerRole = c.dir === 'ours→rxe' ? 'responder' : 'requester';
   const ourRole = c.dir === 'ours→rxe' ? 'requester' : 'responder';
   try {
     const job = await g.spawn(
-      `verbs-peer -d rxe0 -g ${gidx} -t ${c.tr} -m ${c.mtu} -r ${peerRole} -p ${port} -n ${n} -T ${Math.ceil(bound / 1000)} -c ${cells}`,
+      `verbs-peer -d rxe0 -g ${gidx} -t ${c.tr} -m ${c.mtu} -r ${peerRole} -p ${port} -T ${Math.ceil(bound / 1000)} -c ${cells}`,
       { timeoutMs: bound + 5_000 },
     );
     const ours = runOurs([
       '--bind', c.family === 4 ? lab.hostIpv4 : lab.hostIpv6, g.ipv4, '-p', String(port), '-t', c.tr, '-m', String(c.mtu),
-      '-r', ourRole, '-n', String(n), '--port-mtu', String(c.ourPortMtu), '-c', cells,
+      '-r', ourRole, '--port-mtu', String(c.ourPortMtu), '-c', cells,
     ], bound + 5_000);
     o.ours = await ours.done;
     if (o.ours.code !== 0) await job.kill();
@@ -223,22 +239,28 @@ t.test(`${conns.length} connections, ${conns.reduce((a, c) => a + c.cells.length
   for (const [p, phase] of PHASES.entries()) {
     const start = Date.now();
     if (p > 0) {
-      const r = await g.run(`/usr/sbin/ip link set dev eth0 mtu ${phase.netdev} && sleep 0.3 && cat /sys/class/infiniband/rxe0/ports/1/active_mtu 2>/dev/null; ` +
-        '/usr/sbin/ip -br addr show dev eth0');
+      // rxe follows at once (a netdev notifier); verbs-peer prints the port's active MTU, and the
+      // verdicts check it.
+      const r = await g.run(`/usr/sbin/ip link set dev eth0 mtu ${phase.netdev} && /usr/sbin/ip -br addr show dev eth0`);
       t.equal(r.code, 0, `guest eth0 MTU ${phase.netdev}: ${r.stdout.trim()}`);
+      // Why UD IPv6 at 256 runs against rxe at 1024: below 1280 the interface loses its IPv6
+      // addresses (and rxe its IPv6 GID).
+      if (phase.netdev < 1280) t.notMatch(r.stdout, g.ipv6, `no ${g.ipv6} at netdev MTU ${phase.netdev}`);
     }
     // Two lanes, IPv4 and IPv6, at once: they bind different addresses, and a connection's
     // frames are told apart by family and time. Within a lane connections run one after another.
-    const lane = async (family: 4 | 6): Promise<void> => {
-      for (const c of conns.filter((x) => x.family === family && x.phase === p)) {
-        const o = await runConn(c);
-        outcomes.push(o);
-        if (o.error !== undefined || o.peer?.code !== 0 || o.ours?.code !== 0) {
-          t.comment(`${name(c)}: peer ${o.peer?.code} ours ${o.ours?.code} ${o.error ?? ''} ${(o.ours?.stderr ?? '').trim()}`);
-        }
+    const run = async (c: Conn): Promise<void> => {
+      const o = await runConn(c);
+      outcomes.push(o);
+      if (o.error !== undefined || o.peer?.code !== 0 || o.ours?.code !== 0) {
+        t.comment(`${name(c)}${c.knownIssue ? ' (known issue)' : ''}: peer ${o.peer?.code} ours ${o.ours?.code} ${o.error ?? ''} ${(o.ours?.stderr ?? '').trim()}`);
       }
     };
+    const lane = async (family: 4 | 6): Promise<void> => {
+      for (const c of conns.filter((x) => x.family === family && x.phase === p && !x.knownIssue)) await run(c);
+    };
     await Promise.all([lane(4), lane(6)]);
+    for (const c of conns.filter((x) => x.phase === p && x.knownIssue)) await run(c);
     t.comment(`phase ${p} (guest eth0 MTU ${phase.netdev}): ${secs(Date.now() - start)}`);
   }
   t.equal(outcomes.length, conns.length);
@@ -322,7 +344,9 @@ t.test('the capture: our decoder (strict ICRC) and tshark', async (t) => {
     if (o) stats.set(o, s);
     s.tsharkProblems.push(`frame ${l['frame.number']?.[0]}: ${l['frame.protocols']?.[0]} ${(l['_ws.expert.message'] ?? []).join('; ')}`);
   }
-  const count = await tshark(['-r', pcap, '-q', '-z', 'io,stat,0,udp.dstport==4791']);
+  // Not the ICMP port-unreachables that quote a RoCEv2 datagram (tshark dissects the quoted UDP
+  // header): our side that gave up makes the host answer rxe's late packets with them.
+  const count = await tshark(['-r', pcap, '-q', '-z', 'io,stat,0,udp.dstport==4791 && !icmp && !icmpv6']);
   const m = /<>\s*\S+\s*\|\s*(\d+)\s*\|/.exec(count);
   t.comment(`tshark: ${problems.length} problem frame(s), ${m?.[1]} RoCEv2 frames, ${secs(Date.now() - ts)}`);
   t.equal(m ? Number(m[1]) : -1, decoded, 'tshark and our decoder see the same RoCEv2 frames');
@@ -353,7 +377,6 @@ t.test('verdicts per cell', async (t) => {
   for (const o of outcomes) {
     const c = o.conn;
     const s = stats.get(o) ?? emptyStats();
-    const n = ITERS;
     const peerOut = o.peer?.stdout ?? '';
     const oursOut = o.ours?.stdout ?? '';
     const peerCells = cellLines(peerOut);
@@ -372,11 +395,12 @@ t.test('verdicts per cell', async (t) => {
     const requesterImm = c.dir === 'ours→rxe' ? s.immOurs : s.immRxe;
     // The requester sent each message whole (a READ: its request), retransmissions aside.
     const requests = c.dir === 'ours→rxe' ? s.requestsOurs : s.requestsRxe;
-    const wantRequests = c.cells.reduce((a, x) => a + n * (x.op === 'read' ? 1 : Math.max(1, Math.ceil(x.size / c.mtu))), 0);
+    const wantRequests = c.cells.reduce((a, x) => a + itersOf(x.size) * (x.op === 'read' ? 1 : Math.max(1, Math.ceil(x.size / c.mtu))), 0);
     if (requests < wantRequests) connWhy.push(`capture: ${requests} request packets from the requester, expected ≥ ${wantRequests}`);
     for (const [k, cell] of c.cells.entries()) {
       total++;
       const key = `${cell.op}:${cell.size}`;
+      const n = itersOf(cell.size);
       const why = [...connWhy];
       for (const [side, lines] of [['verbs-peer', peerCells], ['ours', ourCells]] as const) {
         const e = lines.get(key);
@@ -395,14 +419,17 @@ t.test('verdicts per cell', async (t) => {
         // Go-back-N after an ACK timeout that a TCG guest outlasts: the connection's, not the cell's.
         if (requests > wantRequests) note.push(`connection: ${requests - wantRequests} request packets sent again`);
       } else {
+        if (c.knownIssue) note.unshift(`known issue: ${c.knownIssue}`);
         note.push(...why);
-        failures.push(`${name(c)} ${OP_NAME[cell.op]} ${cell.size}: ${why.join('; ')}`);
+        failures.push(`${name(c)} ${OP_NAME[cell.op]} ${cell.size}${c.knownIssue ? ' (known issue)' : ''}: ${why.join('; ')}`);
       }
+      // The cells of a connection run back to back in one process pair: a cell's time is its share.
       recordCell({
         suite: 'verbs-peer', transport: c.tr.toUpperCase() as 'RC' | 'UC' | 'UD', op: OP_NAME[cell.op], mtu: c.mtu, size: cell.size,
         direction: c.dir, family: c.family, pass: ok, ms: Math.round((o.end - o.start) / c.cells.length), tool: 'verbs-peer', note: note.join('; '),
       });
-      t.ok(ok, `${name(c)} ${OP_NAME[cell.op]} ${cell.size}${ok ? '' : `: ${why.join('; ')}`}`);
+      const extra = c.knownIssue ? { todo: c.knownIssue } : {};
+      t.ok(ok, `${name(c)} ${OP_NAME[cell.op]} ${cell.size}${ok ? '' : `: ${why.join('; ')}`}`, extra);
     }
   }
   t.comment(`${pass} of ${total} cells pass${failures.length ? `; failures:\n${failures.slice(0, 40).join('\n')}` : ''}`);

@@ -7,9 +7,9 @@
  * the side that can see it.
  *
  *   verbs-peer -d DEV -g GIDX -t rc|uc|ud -m MTU -r requester|responder -p PORT
- *              -c OP:SIZE[,OP:SIZE...] [-n ITERS] [-T SECONDS]
+ *              -c OP:SIZE[:ITERS][,OP:SIZE[:ITERS]...] [-n ITERS] [-T SECONDS]
  *
- * OP is send, send_imm, write, write_imm or read. The peer is always the TCP server (one client,
+ * OP is send, send_imm, write, write_imm or read; a cell runs ITERS messages (default -n, 1). The peer is always the TCP server (one client,
  * on :: and so on IPv4 too); -r says which side of the RDMA traffic it is. -m is the RC/UC path
  * MTU; for UD it is the largest message allowed and must not exceed the port's active MTU.
  * -T bounds the whole run (alarm): rxe with retry_cnt 7 retransmits forever when nobody answers.
@@ -19,7 +19,7 @@
  *  1. client -> server  "LID:QPN:PSN:GID:RKEY:VA"  ("%04x:%06x:%06x:%32s:%08x:%016llx", the
  *     pingpong format extended with the R_Key and the address of the peer's buffer)
  *  2. server -> client  the same, once the server's QP is in RTS
- *  then for each cell k = 0, 1, ... of -c, each iteration i < ITERS:
+ *  then for each cell k = 0, 1, ... of -c, each of its messages i = 0, 1, ...:
  *  3. responder -> requester  "ready"  (receive posted / buffer cleared for a WRITE / pattern
  *     written for a READ)
  *  4. requester -> responder  "sent"   once the send completion is good (READ: data checked),
@@ -392,8 +392,8 @@ static const char *check(enum op op, int k, int i, int size)
 
 /* ---- main --------------------------------------------------------------------------------- */
 
-/* "op:size,op:size,..." */
-static int parse_cells(char *s, int *ops, int *sizes)
+/* "op:size[:iters],..." */
+static int parse_cells(char *s, int *ops, int *sizes, int *counts)
 {
 	int n = 0;
 	for (char *t = strtok(s, ","); t; t = strtok(NULL, ",")) {
@@ -406,7 +406,10 @@ static int parse_cells(char *s, int *ops, int *sizes)
 			if (!strcmp(t, op_names[i]))
 				ops[n] = i;
 		long v = strtol(colon + 1, &end, 0);
-		if (ops[n] < 0 || *end || v < 0 || v > (64 << 20))
+		counts[n] = 0; /* -n */
+		if (*end == ':')
+			counts[n] = (int)strtol(end + 1, &end, 0);
+		if (ops[n] < 0 || *end || v < 0 || v > (64 << 20) || counts[n] < 0)
 			die("bad cell '%s:%s'", t, colon + 1);
 		sizes[n++] = (int)v;
 	}
@@ -416,7 +419,7 @@ static int parse_cells(char *s, int *ops, int *sizes)
 int main(int argc, char **argv)
 {
 	const char *dev = "rxe0", *tr = "rc";
-	int port = 18600, ops[MAX_CELLS], sizes[MAX_CELLS], ncells = 0, limit = 120, c;
+	int port = 18600, ops[MAX_CELLS], sizes[MAX_CELLS], counts[MAX_CELLS], ncells = 0, limit = 120, c;
 	while ((c = getopt(argc, argv, "d:g:t:m:r:p:c:n:T:")) != -1) {
 		switch (c) {
 		case 'd': dev = optarg; break;
@@ -425,7 +428,7 @@ int main(int argc, char **argv)
 		case 'm': mtu = atoi(optarg); break;
 		case 'r': requester = !strcmp(optarg, "requester"); break;
 		case 'p': port = atoi(optarg); break;
-		case 'c': ncells = parse_cells(optarg, ops, sizes); break;
+		case 'c': ncells = parse_cells(optarg, ops, sizes, counts); break;
 		case 'n': iters = atoi(optarg); break;
 		case 'T': limit = atoi(optarg); break;
 		default: die("usage: see the header of verbs-peer.c");
@@ -479,7 +482,7 @@ int main(int argc, char **argv)
 	for (int k = 0; k < ncells; k++) {
 		int size = sizes[k];
 		const char *op = op_names[ops[k]];
-		for (int i = 0; i < iters; i++) {
+		for (int i = 0; i < (counts[k] ? counts[k] : iters); i++) {
 			const char *why;
 			if (requester) {
 				l = recv_line();
