@@ -82,13 +82,16 @@ libgcc=$(ldconfig -p | sed -n 's/^[[:space:]]*libgcc_s\.so\.1 (libc6,x86-64) => 
 [[ -n "$libgcc" && -e "$libgcc" ]] || die "libgcc_s.so.1 not found"
 
 # Our own libibverbs peer (peer/verbs-peer.c: immediates, 0-byte RC/UC messages, UD at a chosen
-# MTU), compiled on the host against the same Debian libibverbs the guest gets. Rebuilt when the
-# source is newer than the binary; its source is part of the stamp below.
+# MTU), compiled on the host against the same Debian libibverbs the guest gets. The binary is
+# named by the hash of its source and of the compiler and headers, so any change rebuilds it; the
+# source is also part of the initramfs stamp below.
 peer_src=$here/peer/verbs-peer.c
-peer_bin=$cache/peer/verbs-peer
 [[ -f /usr/include/infiniband/verbs.h ]] || die "missing /usr/include/infiniband/verbs.h (libibverbs-dev; run interop/lab/install-deps.sh)"
-if [[ ! -x $peer_bin || $peer_src -nt $peer_bin ]]; then
+peer_key=$( { cat "$peer_src"; dpkg-query -W -f '${Version}\n' gcc libibverbs-dev libc6-dev 2>/dev/null; } | sha256sum | cut -c1-16)
+peer_bin=$cache/peer/verbs-peer-$peer_key
+if [[ ! -x $peer_bin ]]; then
   mkdir -p "$cache/peer"
+  rm -f "$cache"/peer/verbs-peer-*
   gcc -O2 -Wall -Wextra -Werror -o "$peer_bin.new" "$peer_src" -libverbs || die "compiling $peer_src failed"
   mv "$peer_bin.new" "$peer_bin"
   log "compiled $peer_bin"
