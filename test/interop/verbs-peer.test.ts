@@ -15,8 +15,9 @@
 //
 // A cell passes when both sides printed `ok` for each of its messages and exited 0, and the
 // connection's frames in the bridge capture (both directions) all decode with a good ICRC
-// (`strict`) and are dissected by tshark without a problem, and every immediate of the cell was
-// seen on the wire in a frame from the requester.
+// (`strict`) and are dissected by tshark without a problem, the requester's request packets in
+// the capture are at least one per path MTU of every message (one per READ), and every immediate
+// of the cell was seen on the wire in a frame from the requester.
 //
 // UD and the MTU. A UD message is one packet: "UD at MTU N" means messages up to N bytes with both
 // ports at active MTU N. rxe's port MTU follows its netdev (rxe_set_mtu: the netdev MTU less the
