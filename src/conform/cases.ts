@@ -247,17 +247,22 @@ export const CASES: readonly CaseDef[] = [
     expected: 'the peer retransmits the RDMA READ request',
     requires: (s) => (s.readThenSend ? undefined : `the ${s.exchange} peer never issues RDMA READs (needs a peer that reads from us)`),
     async run(c) {
+      // Echoes of earlier requests must be acknowledged (and out of the way) before we stop
+      // acknowledging: one taken for the READ's SEND would make the ACK below a plain one.
+      await sleep(c.t.quietMs / 2);
+      c.fresh();
       c.p.autoAck = false;
       const rkey = 0x4242;
       const va = 0x1000n;
       await c.s.readThenSend!(rkey, va, 8);
       const isReq = (r: Rx, name: string): boolean => r.parsed.ok && r.parsed.info.name === name && r.parsed.packet.bth.destQp === c.p.ourQpn;
       const rd = await c.waitResponse((r) => isReq(r, 'RC_RDMA_READ_REQUEST'));
-      const sd = await c.waitResponse((r) => isReq(r, 'RC_SEND_ONLY'));
+      const q = rd?.parsed.ok ? rd.parsed.packet.bth.psn : -1;
+      const sd = rd ? await c.waitResponse((r) => isReq(r, 'RC_SEND_ONLY') && r.parsed.ok && r.parsed.packet.bth.psn === psnAdd(q, 1)) : undefined;
       if (!rd?.parsed.ok || !sd?.parsed.ok) return dev(`the peer did not send READ + SEND: ${rd ? describeRx(rd) : '-'} / ${sd ? describeRx(sd) : '-'}`);
-      const q = rd.parsed.packet.bth.psn;
       const q1 = sd.parsed.packet.bth.psn;
       c.p.msn++;
+      const ackAt = c.p.now();
       c.p.send(c.p.ack(q1));
       const again = await c.waitResponse((r) => r !== rd && isReq(r, 'RC_RDMA_READ_REQUEST') && r.parsed.ok && r.parsed.packet.bth.psn === q, c.t.responseMs * 2);
       // Finish the exchange properly so the peer's QP stays healthy.
@@ -268,7 +273,13 @@ export const CASES: readonly CaseDef[] = [
       c.p.peerPsn = psnAdd(q1, 1);
       c.p.autoAck = true;
       await sleep(c.t.quietMs / 2);
-      if (again) return pass(`READ psn ${hex(q)} retransmitted after the ACK of psn ${hex(q1)}`);
+      if (again) {
+        // A retransmission the local ACK timer could not have caused yet is the implied NAK's.
+        const tmo = c.s.timeout !== undefined ? expectedTimeoutMs(c) : undefined;
+        const after = `${(again.at - ackAt).toFixed(1)} ms after the ACK of psn ${hex(q1)}`;
+        if (tmo === undefined || again.at - rd.at < tmo) return pass(`READ psn ${hex(q)} retransmitted ${after}${tmo !== undefined ? `, before its local ACK timeout (${tmo.toFixed(1)} ms)` : ''}`);
+        return dev(`READ psn ${hex(q)} retransmitted only ${(again.at - rd.at).toFixed(1)} ms after it was first sent (${after}): no sooner than the local ACK timeout (${tmo.toFixed(1)} ms) would have`);
+      }
       return dev(`the READ psn ${hex(q)} was not retransmitted after the ACK of ${hex(q1)}`);
     },
   },
@@ -318,7 +329,7 @@ export const CASES: readonly CaseDef[] = [
     rule: 'IBTA Vol.1 §9.7.4.1.3 / §9.9.3.1.3 (responder class C): a request the QP\'s access flags do not allow is NAKed Invalid Request, QP to Error',
     expected: 'NAK Invalid Request',
     fatal: true,
-    variant: (ex) => (ex === 'self' ? { access: ['write'] } : undefined),
+    variant: (ex) => (ex === 'roce' ? { access: ['write'] } : undefined),
     requires: (s) => (!s.access.includes('write') || !s.access.includes('read') ? undefined : 'the QP allows every operation'),
     async run(c) {
       const P = c.p.nextPsn;
@@ -340,7 +351,7 @@ export const CASES: readonly CaseDef[] = [
     title: 'SEND with no receive posted: RNR NAK',
     rule: 'IBTA Vol.1 §9.7.5.2.8 (RNR NAK) / §9.9.3.1.2 (responder class B): RNR NAK with the request\'s PSN; QP stays usable',
     expected: 'RNR NAK with the SEND\'s PSN; the QP keeps working',
-    variant: (ex) => (ex === 'self' ? { noRecv: true } : undefined),
+    variant: (ex) => (ex === 'roce' ? { noRecv: true } : undefined),
     requires: (s) => (s.recvPosted ? `the ${s.exchange} peer always has receives posted` : undefined),
     async run(c) {
       const P = c.p.nextPsn;
