@@ -20,7 +20,8 @@ import { SUITES } from '../conform/cases.js';
 
 export const CONFORM_USAGE =
   'roce conform --peer HOST [--exchange pingpong|perftest|roce] [--verb write|read|atomic] [--suite NAME] [--case ID,…] ' +
-  '[--report FILE.json] [--html FILE.html] [--seed N] [--bind ADDR] [--port OOB-PORT] | --fuzz --peer HOST --count N --time-limit S --seed N [--out DIR] | ' +
+  '[--report FILE.json] [--html FILE.html] [--seed N] [--bind ADDR] [--port OOB-PORT] | --fuzz --peer HOST --count N --time-limit S --seed N [--out DIR] ' +
+  '[--max-findings N] [--minimize-s S] [--report FILE.json] | ' +
   '--replay FILE --peer HOST';
 
 export async function conformCommand(argv: string[], out: (line: string) => void): Promise<number> {
@@ -47,6 +48,8 @@ export async function conformCommand(argv: string[], out: (line: string) => void
       fuzz: { type: 'boolean', default: false },
       count: { type: 'string', default: '1000' },
       'time-limit': { type: 'string', default: '60' },
+      'max-findings': { type: 'string', default: '1' },
+      'minimize-s': { type: 'string', default: '60' },
       out: { type: 'string', default: '.' },
       replay: { type: 'string' },
     },
@@ -121,12 +124,18 @@ export async function conformCommand(argv: string[], out: (line: string) => void
     }
     if (v.fuzz) {
       await mkdir(v.out ?? '.', { recursive: true });
+      const maxFindings = int('max-findings', v['max-findings']);
       const r = await fuzzPeer({
         prober, exchange, seed: int('seed', v.seed), count: int('count', v.count), timeLimitS: int('time-limit', v['time-limit']), timing,
-        outDir: v.out ?? '.', writeFile: (f, d) => writeFile(f, d), log,
+        outDir: v.out ?? '.', writeFile: (f, d) => writeFile(f, d), log, maxFindings,
+        minimizeS: int('minimize-s', v['minimize-s']),
       });
-      out(`fuzz: ${r.tried} inputs in ${r.batches} batches, ${(r.durationMs / 1000).toFixed(1)} s (${r.inputsPerSecond}/s), ${r.reconnects} reconnects, ${r.findings.length} finding(s)`);
+      const l = r.liveness;
+      out(`fuzz: ${r.tried} inputs in ${r.batches} batches, ${(r.durationMs / 1000).toFixed(1)} s (${r.inputsPerSecond}/s), ` +
+        `${l.checks} liveness checks (${l.ok} answered, ${l.explainedFailures} QP errors after a fatal NAK, ${l.unexplainedFailures} unexplained), ` +
+        `${r.reconnects} reconnects, ${r.findings.length} finding(s)`);
       for (const f of r.findings) out(`  ${f.kind}: ${f.detail}; ${f.datagrams} datagram(s): ${f.replay ?? ''} ${f.pcap ?? ''}`);
+      if (v.report) await writeFile(v.report, JSON.stringify(r, null, 2) + '\n');
       return r.findings.length ? 1 : EXIT.OK;
     }
     const reportPath = v.report;
