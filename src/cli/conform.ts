@@ -12,14 +12,14 @@ import { createInterface } from 'node:readline';
 import { parseArgs } from 'node:util';
 import { CliError, EXIT } from './errors.js';
 import { Prober } from '../conform/prober.js';
-import { perftestExchange, pingpongExchange, roceExchange, type Exchange } from '../conform/exchange.js';
+import { perftestExchange, perftestReaderExchange, pingpongExchange, roceExchange, type Exchange } from '../conform/exchange.js';
 import { runConformance, type RunReport } from '../conform/runner.js';
 import { toHtml, toJson } from '../conform/report.js';
 import { fuzzPeer, replayFile, type ReplayFile } from '../conform/fuzz.js';
 import { SUITES } from '../conform/cases.js';
 
 export const CONFORM_USAGE =
-  'roce conform --peer HOST [--exchange pingpong|perftest|roce] [--verb write|read|atomic] [--suite NAME] [--case ID,…] ' +
+  'roce conform --peer HOST [--exchange pingpong|perftest|perftest-reader|roce] [--verb write|read|atomic] [--suite NAME] [--case ID,…] ' +
   '[--report FILE.json] [--html FILE.html] [--seed N] [--bind ADDR] [--port OOB-PORT] | --fuzz --peer HOST --count N --time-limit S --seed N [--out DIR] ' +
   '[--max-findings N] [--minimize-s S] [--report FILE.json] | ' +
   '--replay FILE --peer HOST';
@@ -101,6 +101,14 @@ export async function conformCommand(argv: string[], out: (line: string) => void
       exchange = perftestExchange(o);
       break;
     }
+    case 'perftest-reader': {
+      // The peer runs `ib_read_bw … BIND` against us: we listen, then ask for it to be started.
+      const o: Parameters<typeof perftestReaderExchange>[0] = { listen: bind };
+      if (oobPort !== undefined) o.port = oobPort;
+      o.startPeer = restart ?? (async () => out(`listening for the perftest client on ${bind}: start ib_read_bw -s 8 … ${bind}`));
+      exchange = perftestReaderExchange(o);
+      break;
+    }
     case 'roce': {
       // `roce serve`: the probe QP gets retry_cnt/timeout from us (--peer-retry-cnt, --peer-timeout).
       const o: Parameters<typeof roceExchange>[0] = { host: v.peer, udpPort: () => prober.link.local.port };
@@ -111,7 +119,7 @@ export async function conformCommand(argv: string[], out: (line: string) => void
       break;
     }
     default:
-      throw new CliError(`unknown exchange ${v.exchange} (pingpong, perftest, roce)`, EXIT.USAGE);
+      throw new CliError(`unknown exchange ${v.exchange} (pingpong, perftest, perftest-reader, roce)`, EXIT.USAGE);
   }
   const timing = { responseMs: int('response-ms', v['response-ms']), quietMs: int('quiet-ms', v['quiet-ms']) };
   const log = (l: string): void => out(l);

@@ -5,6 +5,9 @@
  *   ours; it has receives posted and answers each of our SENDs with one of its own. No memory.
  * - `perftest`: an `ib_write_bw` / `ib_read_bw` / `ib_atomic_bw` server. We learn QPN, PSN and
  *   the rkey/VA of its buffer; the QP allows exactly the tool's verb; no receives are posted.
+ * - `perftest-reader`: the peer runs the `ib_read_bw` client against us (we play the server):
+ *   it keeps RDMA READs of our pretend buffer outstanding, which the prober answers with zeros
+ *   (the implied-NAK case needs a peer that reads); its own buffer allows READ.
  * - `roce`: our own `roce serve`, through the transfer protocol's `probe` request
  *   (src/app/probe.ts): memory with all rights plus a read-only region, receives, echo, and
  *   variants on request (no receives, restricted QP access, a READ from the server to us).
@@ -16,7 +19,7 @@
 import net from 'node:net';
 import { Channel, DEFAULT_OOB_PORT, PROTOCOL_VERSION, RefusedError, type ProbeRegion } from '../app/protocol.js';
 import { pingpongClientExchange, PINGPONG_DEFAULT_PORT } from '../oob/pingpong.js';
-import { perftestClientExchange, PERFTEST_DEFAULT_PORT, mtuFromEnum, type PerftestSession, type PerftestVerb } from '../oob/perftest.js';
+import { perftestClientExchange, perftestServerExchange, PERFTEST_DEFAULT_PORT, mtuFromEnum, type PerftestSession, type PerftestVerb } from '../oob/perftest.js';
 import { gidFromIp, parseIpAddress } from '../wire/frame.js';
 import { gidToString } from '../oob/common.js';
 
@@ -53,6 +56,8 @@ export interface PeerSession {
   /** The peer's retry_cnt and timeout attributes, when known. */
   retryCnt?: number;
   timeout?: number;
+  /** The peer keeps RDMA READs of our (pretend) memory outstanding on its own (a perftest READ client). */
+  readsOnItsOwn?: boolean;
   /** The peer's UDP port, when the exchange tells it (the prober sends there). */
   peerUdpPort?: number;
   /** Ask the peer to post an RDMA READ (of our fake memory) followed by a SEND; roce only. */
@@ -149,6 +154,67 @@ export function perftestExchange(o: PerftestExchangeOptions): Exchange {
       };
     },
     ...(o.restart ? { restart: o.restart } : {}),
+  };
+}
+
+export interface PerftestReaderExchangeOptions {
+  /** Our address, where the client connects (its server argument). */
+  listen: string;
+  port?: number;
+  /** Starts the client tool once we listen (the harness runs `ib_read_bw … OUR-ADDRESS`). */
+  startPeer?: (reason: string) => Promise<void>;
+  acceptTimeoutMs?: number;
+  /** The -s size the client runs with (its buffer holds at least this much). Default 8. */
+  size?: number;
+}
+
+/** Our pretend buffer: the client READs it, the prober answers with zeros. */
+const READER_RKEY = 0x1234;
+const READER_VA = 0x10000n;
+
+export function perftestReaderExchange(o: PerftestReaderExchangeOptions): Exchange {
+  return {
+    name: 'perftest-reader',
+    cannot: (v) => (v.access ? 'the ib_read_bw client\'s QP allows READ only' : undefined),
+    async connect(ourQpn, ourAddress, v) {
+      const ourPsn = v.ourPsn ?? randomPsn();
+      const server = net.createServer();
+      const accepted = new Promise<net.Socket>((resolve, reject) => {
+        const timer = setTimeout(() => reject(new Error(`no perftest client connected within ${o.acceptTimeoutMs ?? 30_000} ms`)), o.acceptTimeoutMs ?? 30_000);
+        server.once('connection', (sock) => {
+          clearTimeout(timer);
+          resolve(sock);
+        });
+        server.once('error', (e) => {
+          clearTimeout(timer);
+          reject(e);
+        });
+      });
+      await new Promise<void>((resolve, reject) => {
+        server.once('error', reject);
+        server.listen({ host: o.listen, port: o.port ?? PERFTEST_DEFAULT_PORT, exclusive: true }, () => resolve());
+      });
+      try {
+        await o.startPeer?.('the perftest client is to connect to us');
+        const sock = await accepted;
+        const s = await perftestServerExchange(sock, {
+          verb: 'read', mtu: 3,
+          local: { lid: 0, outReads: 16, qpn: ourQpn, psn: ourPsn, rkey: READER_RKEY, vaddr: READER_VA, gid: gidOfAddress(ourAddress), srqn: 0 },
+        });
+        await s.ready();
+        const k = s.remote[0]!;
+        return {
+          exchange: 'perftest-reader', peerQpn: k.qpn, peerPsn: k.psn, ourPsn, mtu: mtuFromEnum(s.mtu), access: ['read'],
+          memory: { rkey: k.rkey, va: k.vaddr, length: o.size ?? 8, exactLength: false },
+          recvPosted: false, echoes: false, readsOnItsOwn: true, retryCnt: 7, timeout: 14,
+          close: async () => {
+            s.close();
+          },
+        };
+      } finally {
+        server.close();
+      }
+    },
   };
 }
 

@@ -190,10 +190,13 @@ type Tally = FuzzReport['liveness'];
 async function judge(p: Prober, keeper: SessionKeeper, since: { rx: number }, t: Timing, tally?: Tally): Promise<Verdict> {
   await sleep(t.quietMs);
   const rx: Rx[] = p.received(since);
-  const fatal = rx.find((r) => FATAL_NAKS.some((c) => isNak(r, c)));
   const bad = rx.find((r) => r.icrcOk && (!r.parsed.ok || r.parsed.packet.bth.destQp !== p.ourQpn));
   if (bad) return { broken: true, kind: 'correctness', detail: `the peer sent ${describeRx(bad)} (not a well-formed packet for our QP)`, explained: false };
+  catchUp(p, rx);
   const live = await liveness(p, keeper.session!, t);
+  // A fatal NAK may also answer the liveness request itself: an input the peer accepted (a
+  // SEND FIRST, say) can make the known-good request an opcode sequence error.
+  const fatal = p.received(since).find((r) => FATAL_NAKS.some((c) => isNak(r, c)));
   if (tally) tally.checks++;
   if (live !== 'failed') {
     if (tally) tally.ok++;
@@ -205,6 +208,29 @@ async function judge(p: Prober, keeper: SessionKeeper, since: { rx: number }, t:
   }
   if (tally) tally.unexplainedFailures++;
   return { broken: true, kind: 'liveness', detail: 'the peer stopped answering a known-good request without any NAK explaining it', explained: false };
+}
+
+/**
+ * Moves our next PSN past every request the peer's answers show it executed. Inputs at the
+ * expected PSN are executed like any request, so the peer's ePSN may be ahead of ours; a
+ * known-good request at a consumed PSN is a duplicate, and a duplicate READ for another range
+ * is dropped by rxe without an answer (duplicate_request() in rxe_resp.c) — a false finding.
+ */
+function catchUp(p: Prober, rx: readonly Rx[]): void {
+  for (const r of rx) {
+    if (!r.icrcOk || !r.parsed.ok || !Prober.isResponse(r)) continue;
+    const pk = r.parsed.packet;
+    let next: number;
+    if (pk.aeth && (pk.aeth.syndrome & 0x60) !== 0) {
+      // RNR NAK or NAK: the PSN it carries is the one the peer waits for (fatal NAKs end the QP anyway).
+      next = pk.bth.psn;
+    } else {
+      next = psnAdd(pk.bth.psn, 1);
+    }
+    // Within the window only: a wild PSN is no evidence.
+    const d = psnDiff(next, p.nextPsn);
+    if (d > 0 && d < 1024) p.nextPsn = next;
+  }
 }
 
 async function sendAll(p: Prober, inputs: readonly FuzzInput[]): Promise<void> {
