@@ -117,7 +117,7 @@ const RXE: Record<string, string> = {
   'retry-exhaustion':
     'rxe retransmitted the unacknowledged SEND far beyond 8 times (about every local ACK timeout, ' +
     'until the tool was restarted). ibv_rc_pingpong sets retry_cnt 7, and rxe\'s completer decrements the ' +
-    'counter only when it is not 7: `rxe_comp.c`, `rxe_completer()`, `case COMPST_ERROR_RETRY:` — ' +
+    'counter only when it is not 7: `rxe_comp.c` (torvalds/linux as stored at 06a7fcf), `rxe_completer()`, `case COMPST_ERROR_RETRY:` — ' +
     '`if (qp->comp.retry_cnt > 0) { if (qp->comp.retry_cnt != 7) qp->comp.retry_cnt--; … qp->req.need_retry = 1;` — ' +
     'so 7 means "retry forever" and the `else` branch (`wqe->status = IB_WC_RETRY_EXC_ERR; state = COMPST_ERROR;`) is ' +
     'never reached. `COMPST_RNR_RETRY` has the same `!= 7` test for `rnr_retry`, where IBTA gives 7 that meaning ' +
@@ -126,7 +126,7 @@ const RXE: Record<string, string> = {
     '`roce serve`\'s probe QP runs with retry_cnt 3, where the case passes.)',
   'short-first':
     'rxe acknowledged a FIRST packet carrying 8 bytes at a path MTU of 1024 and took it as the start of a ' +
-    'message. The 6.1 kernel\'s `check_length()` in `rxe_resp.c` tests the wrong field: ' +
+    'message. The 6.1 kernel\'s `check_length()` in `rxe_resp.c` (the lines the fix below removes) tests the wrong field: ' +
     '`if ((pkt->opcode & RXE_START_MASK) && (pkt->opcode & RXE_END_MASK)) … else if ((pkt->opcode & RXE_START_MASK) || ' +
     '(pkt->opcode & RXE_MIDDLE_MASK)) { /* "first" or "middle" packets */ if (payload != mtu) return RESPST_ERR_LENGTH; }` — ' +
     '`pkt->opcode` is the 8-bit BTH opcode while `RXE_START_MASK` is `BIT(NUM_HDR_TYPES + 8)` in `rxe_opcode.h`, ' +
@@ -329,9 +329,10 @@ function conformanceMd(reports: RunReport[], fuzzes: FuzzReport[], accel: string
     '',
     'Not-applicable cases are the exchange\'s limits, not rxe\'s: ibv_rc_pingpong registers no memory for',
     'remote access and always has receives posted; a perftest server allows exactly its own verb on one',
-    'region, posts no receives and sends nothing of its own (so its requester cannot be tested); no rxe',
-    'tool but the `ib_read_bw` client issues RDMA READs towards us, so `perftest-reader` (we play the',
-    'perftest server, rxe\'s client reads our pretend buffer) runs the implied-NAK case only. Each row says which.',
+    'region, posts no receives and sends nothing of its own (so its requester cannot be tested); of the',
+    'rxe tools only the `ib_read_bw` client issues RDMA READs towards us, so `perftest-reader` (we play the',
+    'perftest server, rxe\'s client reads our pretend buffer) runs the implied-NAK case only; and no tool',
+    'registers a region without remote write on a QP that allows writes (`missing-access`). Each row says which.',
     '',
     toMarkdown(reports, explain),
     ...fuzzMd(fuzzes),
