@@ -64,4 +64,8 @@ t.test('the same seeded run finds nothing in the healthy server', async (t) => {
   const ex = b.exchange();
   const r = await fuzzPeer({ prober: b.prober, exchange: ex, seed: 7, count: 400, timeLimitS: 20, timing: TIMING });
   t.same(r.findings.map((x) => x.detail), [], `${r.tried} inputs, ${r.inputsPerSecond}/s, ${r.reconnects} reconnects`);
+  const l = r.liveness;
+  t.equal(l.checks, r.batches, 'a liveness check after every batch');
+  t.equal(l.ok + l.explainedFailures, l.checks, `each one answered (${l.ok}) or failed after a fatal NAK (${l.explainedFailures})`);
+  t.equal(l.explainedFailures, r.reconnects, 'every QP error cost one reconnect');
 });
