@@ -64,13 +64,19 @@ const region = (mr: MemoryRegion): ProbeRegion => ({ rkey: mr.rkey, va: mr.va(0)
 
 /**
  * Serves one probe session on `ch` until the client closes it; the QP is destroyed then.
- * Bad requests are refused on the channel, never thrown.
+ * Bad requests are refused on the channel, never thrown, and end the connection (as the
+ * transfer session ends on an unexpected message).
  */
 export async function serveProbe(pd: Pd, ch: Channel, req: Extract<Message, { type: 'probe' }>, log: (line: string) => void): Promise<void> {
+  const refuse = (message: string): void => {
+    ch.send({ type: 'refuse', code: 'BAD_REQUEST', message: `probe: ${message}` });
+    log(`probe refused: ${message}`);
+    ch.close();
+  };
   const ctx = pd.context;
   const mtu = Math.min(ctx.queryPort().activeMtu, req.mtu);
   if (!(MTUS as readonly number[]).includes(mtu)) {
-    ch.send({ type: 'refuse', code: 'BAD_REQUEST', message: `probe: MTU ${req.mtu} is not 256..4096` });
+    refuse(`MTU ${req.mtu} is not 256..4096`);
     return;
   }
   const recvs = Math.min(req.recvs, MAX_RECVS);
@@ -142,7 +148,7 @@ export async function serveProbe(pd: Pd, ch: Channel, req: Extract<Message, { ty
         throw e;
       }
       if (c.type !== 'probe-read') {
-        ch.send({ type: 'refuse', code: 'BAD_REQUEST', message: `probe: unexpected '${c.type}'` });
+        refuse(`unexpected '${c.type}'`);
         return;
       }
       const len = Math.min(c.length, PROBE_MEM_BYTES);
@@ -153,12 +159,14 @@ export async function serveProbe(pd: Pd, ch: Channel, req: Extract<Message, { ty
         ]);
         ch.send({ type: 'probe-posted' });
       } catch (e) {
-        ch.send({ type: 'refuse', code: 'BAD_REQUEST', message: `probe: cannot post the READ: ${(e as Error).message}` });
+        // The QP went to Error (a case drove it there): the client learns it here.
+        refuse(`cannot post the READ: ${(e as Error).message}`);
+        return;
       }
     }
   } catch (e) {
     // modifyQp refused the attributes, or the device is gone.
-    ch.send({ type: 'refuse', code: 'BAD_REQUEST', message: `probe: ${(e as Error).message}` });
+    refuse((e as Error).message);
   } finally {
     cq.core.onCompletion = undefined;
     if (qp !== undefined) {

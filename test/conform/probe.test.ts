@@ -44,6 +44,7 @@ t.test('roce serve answers probes', async (t) => {
   const a = await client(b.server.oobPort);
   a.send(probe({ mtu: 100 }) as Message);
   await t.rejects(a.next(5000), { code: 'BAD_REQUEST', message: /MTU 100/ }, 'an MTU that is not 256..4096 is refused');
+  await t.rejects(a.next(5000), { message: /closed/ }, 'and the connection ends');
   a.close();
 
   const c1 = await client(b.server.oobPort);
