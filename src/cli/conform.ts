@@ -3,7 +3,9 @@
  * a finding. Our own stack is tested through `roce serve` (`--exchange roce`).
  *
  * `--control stdio` is for harnesses that can restart the peer's tool (the rxe lab): before a
- * reconnect we print `@@restart <reason>` and wait for a line `ready` on stdin.
+ * reconnect we print `@@restart <reason>` and wait for a line `ready` on stdin. With
+ * `--exchange perftest-reader` the peer's tool is the client: the same request comes once we
+ * listen, and asks for the client to be started.
  */
 
 import { mkdir, readFile, writeFile } from 'node:fs/promises';

@@ -303,7 +303,7 @@ export const CASES: readonly CaseDef[] = [
   {
     id: 'short-first',
     title: 'A FIRST packet shorter than the PMTU',
-    rule: 'IBTA Vol.1 C9-92 (packet length checks: FIRST and MIDDLE packets carry exactly the path MTU of payload); §9.9.3.1.3 (responder class C): NAK Invalid Request, QP to Error',
+    rule: 'IBTA Vol.1 C9-92 (packet length checks, as rxe\'s responder cites it: FIRST and MIDDLE packets carry exactly the path MTU of payload); §9.9.3.1.3 (responder class C): NAK Invalid Request, QP to Error',
     expected: 'NAK Invalid Request with the packet\'s PSN; the peer\'s QP then stops answering',
     fatal: true,
     requires: (s) => (s.recvPosted || (s.memory && s.access.includes('write')) ? undefined : `the ${s.exchange} peer accepts neither SENDs nor RDMA WRITEs`),

@@ -133,7 +133,8 @@ const RXE: Record<string, string> = {
     'so every test is 0 and no length error is ever raised. The fix, "RDMA/rxe: Fix incorrect responder length ' +
     'checking" (linux-rdma, December 2022, `Fixes: 837a55847ead`), tests `pkt->mask` instead and, for a FIRST or ' +
     'MIDDLE packet whose payload is not the MTU, returns `RESPST_ERR_LENGTH` ("first or middle packet not mtu"), which ' +
-    'rxe answers as class C (NAK Invalid Request, QP to Error), as C9-92 asks. The lab\'s kernel does not have it. ' +
+    'rxe answers as class C (NAK Invalid Request, QP to Error); its comment cites IBA C9-92 for these checks. The lab\'s ' +
+    '6.1 kernel behaves as without it. ' +
     'An RDMA WRITE FIRST of 8 bytes is refused all the same (`perftest-write` passes): `check_rkey()` checks WRITE ' +
     'lengths on its own — `if (pkt->mask & RXE_WRITE_MASK) { if (resid > mtu) { if (pktlen != mtu || bth_pad(pkt)) ' +
     '{ state = RESPST_ERR_LENGTH;` — so only SENDs slip through. The fuzzer found this first: a zero-length SEND, ' +
