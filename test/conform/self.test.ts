@@ -1,6 +1,7 @@
 // Against ourselves = against `roce serve`: the server runs as its own process on loopback, as
 // users run it, and `roce conform --exchange roce` runs as another process against it. Every
-// scripted case must pass, and the report must list them all.
+// scripted case must pass, and the report must list them all; a short fuzzing run must end on
+// time with a liveness check after every batch and no finding.
 import t from 'tap';
 import { spawn, execFile, type ChildProcess } from 'node:child_process';
 import { mkdtemp, readFile, rm } from 'node:fs/promises';
@@ -11,6 +12,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { CASES } from '../../src/conform/cases.js';
 import type { RunReport } from '../../src/conform/runner.js';
+import type { FuzzReport } from '../../src/conform/fuzz.js';
 import { toHtml, toMarkdown } from '../../src/conform/report.js';
 
 const main = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../src/cli/main.js');
@@ -69,4 +71,25 @@ t.test('roce conform --exchange roce against a roce serve process: every case pa
   t.match(serve.output(), /probe: QP 0x/, 'the sessions went through the server\'s probe request');
   t.match(toHtml([r]), /psn-gap-nak-once/);
   t.match(toMarkdown([r]), /\| `psn-wrap` \|/);
+});
+
+t.test('roce conform --fuzz against a roce serve process: bounded, a liveness check per batch, no finding', async (t) => {
+  const dir = await mkdtemp(path.join(os.tmpdir(), 'conform-self-fuzz-'));
+  const serve = await startServe(dir);
+  t.teardown(async () => {
+    serve.child.kill('SIGTERM');
+    await rm(dir, { recursive: true, force: true });
+  });
+  const report = path.join(dir, 'fuzz.json');
+  const t0 = Date.now();
+  const { stdout } = await promisify(execFile)(process.execPath, [main, 'conform', '--fuzz', '--peer', '127.0.0.2', '--exchange', 'roce', '--port', String(serve.oobPort),
+    '--bind', '127.0.0.1', '--udp-port', '0', '--count', '1000000', '--time-limit', '5', '--seed', '11', '--out', dir, '--report', report,
+    '--response-ms', '400', '--quiet-ms', '30'], { timeout: 60_000 });
+  const wall = Date.now() - t0;
+  const r = JSON.parse(await readFile(report, 'utf8')) as FuzzReport;
+  t.comment(stdout.trim().split('\n').filter((l) => l.startsWith('fuzz:')).join('\n'));
+  t.same(r.findings.map((f) => f.detail), [], `no finding in ${r.tried} inputs`);
+  t.ok(r.tried > 0 && r.liveness.checks === r.batches, `a liveness check after each of ${r.batches} batches`);
+  t.equal(r.liveness.unexplainedFailures, 0, 'no unexplained liveness failure');
+  t.ok(wall < 30_000, `bounded: ${(wall / 1000).toFixed(1)} s for --time-limit 5`);
 });
