@@ -342,7 +342,8 @@ function conformanceMd(reports: RunReport[], fuzzes: FuzzReport[], accel: string
     '`test/conform/planted.test.ts` plants a fault in `roce serve`\'s receive path (a request with reserved',
     'BTH bits set makes it deaf on that QP): the fuzzer finds it, minimizes it to one datagram differing',
     'from its valid template in one byte (BTH byte 8), and `roce conform --replay` reproduces it; the same',
-    'seeded run against the healthy server finds nothing.',
+    'seeded run against the healthy server finds nothing. `test/conform/self.test.ts` fuzzes a `roce serve`',
+    'process for 5 s through the CLI: no finding, a liveness check after every batch.',
     '',
     INGRESS_FUZZ,
   ].join('\n');
