@@ -21,6 +21,17 @@
  *   C→S abort   { reason }     the client gives up (Ctrl-C); the server discards the transfer
  *   either      refuse { code, message }
  *
+ * Conformance probing (`roce conform --exchange roce`, src/app/probe.ts), after the hello:
+ *   C→S probe        { qpn, psn, address, port, mtu, recvs, access, retryCnt, timeout }
+ *   S→C probed       { qpn, psn, address, port, mtu, retryCnt, timeout, access, recvs, mem, ro }
+ *       a second RC QP towards the prober's QP with the access rights asked for, `recvs`
+ *       receives posted (each received SEND answered by a SEND, as ibv_rc_pingpong does), a
+ *       scratch region with every remote right (`mem`) and a read-only one (`ro`), both kept
+ *       for the server's lifetime so that a later session can check what an earlier one left
+ *   C→S probe-read   { rkey, va, length }   the probe QP RDMA READs that range, then SENDs
+ *   S→C probe-posted {}
+ *   the probe session lasts until the client closes the connection
+ *
  * Lines are bounded (MAX_LINE) so a confused peer cannot make us buffer without end; VAs travel
  * as hex strings because JSON numbers lose bits above 2^53.
  */
@@ -47,6 +58,16 @@ export type RefuseCode =
   | 'TRANSFER_FAILED'
   | 'SHUTTING_DOWN';
 
+/** Remote rights a probe QP may be given. */
+export type ProbeAccess = 'read' | 'write' | 'atomic';
+
+/** A region of the probe's scratch memory. */
+export interface ProbeRegion {
+  rkey: number;
+  va: string;
+  length: number;
+}
+
 export interface QpInfo {
   v: number;
   qpn: number;
@@ -68,7 +89,14 @@ export type Message =
   | { type: 'avail'; chunk: number }
   | { type: 'done' }
   | { type: 'abort'; reason: string }
-  | { type: 'refuse'; code: RefuseCode; message: string };
+  | { type: 'refuse'; code: RefuseCode; message: string }
+  | { type: 'probe'; qpn: number; psn: number; address: string; port: number; mtu: number; recvs: number; access: ProbeAccess[]; retryCnt: number; timeout: number }
+  | {
+    type: 'probed'; qpn: number; psn: number; address: string; port: number; mtu: number; retryCnt: number; timeout: number;
+    access: ProbeAccess[]; recvs: number; mem: ProbeRegion; ro: ProbeRegion;
+  }
+  | { type: 'probe-read'; rkey: number; va: string; length: number }
+  | { type: 'probe-posted' };
 
 export type MessageType = Message['type'];
 export type MessageOf<T extends MessageType> = Extract<Message, { type: T }>;
@@ -91,6 +119,18 @@ const isU32 = (x: unknown): x is number => Number.isInteger(x) && (x as number) 
 const isLen = (x: unknown): x is number => Number.isSafeInteger(x) && (x as number) >= 0;
 const isStr = (x: unknown, max = 4096): x is string => typeof x === 'string' && x.length <= max;
 const isHex = (x: unknown, n?: number): x is string => isStr(x, 64) && /^[0-9a-f]+$/.test(x) && (n === undefined || x.length === n);
+const isAccess = (x: unknown): x is ProbeAccess[] =>
+  Array.isArray(x) && x.length <= 3 && x.every((a) => a === 'read' || a === 'write' || a === 'atomic');
+const isRegion = (x: unknown): x is ProbeRegion => {
+  if (typeof x !== 'object' || x === null) return false;
+  const r = x as Record<string, unknown>;
+  return isU32(r['rkey']) && isHex(r['va']) && isLen(r['length']);
+};
+/** The QP half shared by probe and probed. */
+const isProbeQp = (o: Record<string, unknown>): boolean =>
+  isU32(o['qpn']) && o['qpn'] <= 0xffffff && isU32(o['psn']) && o['psn'] <= 0xffffff && isStr(o['address'], 64) &&
+  isU32(o['port']) && o['port'] <= 0xffff && isU32(o['mtu']) && isU32(o['recvs']) && isAccess(o['access']) &&
+  isU32(o['retryCnt']) && o['retryCnt'] <= 7 && isU32(o['timeout']) && o['timeout'] <= 31;
 
 /** Checks the shape of a decoded line; undefined when it is not a message of this protocol. */
 export function validate(m: unknown): Message | undefined {
@@ -122,6 +162,14 @@ export function validate(m: unknown): Message | undefined {
       return isStr(o['reason']) ? (o as Message) : undefined;
     case 'refuse':
       return isStr(o['code'], 32) && isStr(o['message']) ? (o as Message) : undefined;
+    case 'probe':
+      return isProbeQp(o) ? (o as Message) : undefined;
+    case 'probed':
+      return isProbeQp(o) && isRegion(o['mem']) && isRegion(o['ro']) ? (o as Message) : undefined;
+    case 'probe-read':
+      return isU32(o['rkey']) && isHex(o['va']) && isU32(o['length']) ? (o as Message) : undefined;
+    case 'probe-posted':
+      return o as Message;
     default:
       return undefined;
   }

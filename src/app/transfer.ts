@@ -29,6 +29,7 @@ import type { MemoryRegion } from '../core/mr.js';
 import { ACCESS, type MtuValue, type SendWr, type WorkCompletion } from '../core/types.js';
 import { gidToString } from '../oob/common.js';
 import { bindError, hostPort, MTUS } from './endpoint.js';
+import { serveProbe } from './probe.js';
 import {
   Channel, ChannelError, checkName, fmtSecs, PROTOCOL_VERSION, RefusedError, type Message, type QpInfo, type RefuseCode,
 } from './protocol.js';
@@ -417,6 +418,7 @@ class ServerSession {
         if (m.type === 'put') await this.receive(m);
         else if (m.type === 'get') await this.serveGet(m);
         else if (m.type === 'abort') continue;
+        else if (m.type === 'probe') await serveProbe(this.srv.pd, this.ch, m, (l) => this.log(l));
         else {
           this.refuse('BAD_REQUEST', `unexpected '${m.type}'`);
           return;

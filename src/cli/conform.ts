@@ -1,9 +1,11 @@
 /**
- * `roce conform`: test a RoCEv2 peer against IBTA rules with scripted cases, fuzz it, replay a
- * finding, or serve our own reference target.
+ * `roce conform`: test a RoCEv2 peer against IBTA rules with scripted cases, fuzz it, or replay
+ * a finding. Our own stack is tested through `roce serve` (`--exchange roce`).
  *
  * `--control stdio` is for harnesses that can restart the peer's tool (the rxe lab): before a
- * reconnect we print `@@restart <reason>` and wait for a line `ready` on stdin.
+ * reconnect we print `@@restart <reason>` and wait for a line `ready` on stdin. With
+ * `--exchange perftest-reader` the peer's tool is the client: the same request comes once we
+ * listen, and asks for the client to be started.
  */
 
 import { mkdir, readFile, writeFile } from 'node:fs/promises';
@@ -12,17 +14,17 @@ import { createInterface } from 'node:readline';
 import { parseArgs } from 'node:util';
 import { CliError, EXIT } from './errors.js';
 import { Prober } from '../conform/prober.js';
-import { perftestExchange, pingpongExchange, selfExchange, SELF_DEFAULT_PORT, type Exchange } from '../conform/exchange.js';
+import { perftestExchange, perftestReaderExchange, pingpongExchange, roceExchange, type Exchange } from '../conform/exchange.js';
 import { runConformance, type RunReport } from '../conform/runner.js';
 import { toHtml, toJson } from '../conform/report.js';
 import { fuzzPeer, replayFile, type ReplayFile } from '../conform/fuzz.js';
-import { startTarget } from '../conform/target.js';
 import { SUITES } from '../conform/cases.js';
 
 export const CONFORM_USAGE =
-  'roce conform --peer HOST [--exchange pingpong|perftest|self] [--verb write|read|atomic] [--suite NAME] [--case ID,…] ' +
-  '[--report FILE.json] [--html FILE.html] [--seed N] [--bind ADDR] | --fuzz --peer HOST --count N --time-limit S --seed N [--out DIR] | ' +
-  '--replay FILE --peer HOST | --serve-target --bind ADDR';
+  'roce conform --peer HOST [--exchange pingpong|perftest|perftest-reader|roce] [--verb write|read|atomic] [--suite NAME] [--case ID,…] ' +
+  '[--report FILE.json] [--html FILE.html] [--seed N] [--bind ADDR] [--port OOB-PORT] | --fuzz --peer HOST --count N --time-limit S --seed N [--out DIR] ' +
+  '[--max-findings N] [--minimize-s S] [--report FILE.json] | ' +
+  '--replay FILE --peer HOST';
 
 export async function conformCommand(argv: string[], out: (line: string) => void): Promise<number> {
   const { values: v } = parseArgs({
@@ -48,13 +50,10 @@ export async function conformCommand(argv: string[], out: (line: string) => void
       fuzz: { type: 'boolean', default: false },
       count: { type: 'string', default: '1000' },
       'time-limit': { type: 'string', default: '60' },
+      'max-findings': { type: 'string', default: '1' },
+      'minimize-s': { type: 'string', default: '60' },
       out: { type: 'string', default: '.' },
       replay: { type: 'string' },
-      'serve-target': { type: 'boolean', default: false },
-      'pingpong-port': { type: 'string', default: '18515' },
-      'control-port': { type: 'string', default: String(SELF_DEFAULT_PORT) },
-      'retry-cnt': { type: 'string', default: '3' },
-      timeout: { type: 'string', default: '12' },
     },
     strict: true,
     allowPositionals: false,
@@ -66,20 +65,6 @@ export async function conformCommand(argv: string[], out: (line: string) => void
   };
   const udpPort = int('udp-port', v['udp-port']);
   const peerUdpPort = int('peer-udp-port', v['peer-udp-port']);
-
-  if (v['serve-target']) {
-    if (!v.bind) throw new CliError('--serve-target needs --bind ADDR', EXIT.USAGE);
-    const target = await startTarget({
-      address: v.bind, udpPort, peerUdpPort, pingpongPort: int('pingpong-port', v['pingpong-port']), controlPort: int('control-port', v['control-port']),
-      retryCnt: int('retry-cnt', v['retry-cnt']), timeout: int('timeout', v.timeout), log: (l) => process.stdout.write(l + '\n'),
-    });
-    await new Promise<void>((resolve) => {
-      process.once('SIGINT', resolve);
-      process.once('SIGTERM', resolve);
-    });
-    await target.close();
-    return EXIT.OK;
-  }
 
   if (!v.peer) throw new CliError('--peer HOST is required', EXIT.USAGE);
   if (!SUITES[v.suite ?? 'all']) throw new CliError(`unknown suite ${v.suite}; suites: ${Object.keys(SUITES).join(', ')}`, EXIT.USAGE);
@@ -118,11 +103,25 @@ export async function conformCommand(argv: string[], out: (line: string) => void
       exchange = perftestExchange(o);
       break;
     }
-    case 'self':
-      exchange = selfExchange({ host: v.peer, port: oobPort ?? SELF_DEFAULT_PORT, udpPort: () => prober.link.local.port });
+    case 'perftest-reader': {
+      // The peer runs `ib_read_bw … BIND` against us: we listen, then ask for it to be started.
+      const o: Parameters<typeof perftestReaderExchange>[0] = { listen: bind };
+      if (oobPort !== undefined) o.port = oobPort;
+      o.startPeer = restart ?? (async () => out(`listening for the perftest client on ${bind}: start ib_read_bw -s 8 … ${bind}`));
+      exchange = perftestReaderExchange(o);
       break;
+    }
+    case 'roce': {
+      // `roce serve`: the probe QP gets retry_cnt/timeout from us (--peer-retry-cnt, --peer-timeout).
+      const o: Parameters<typeof roceExchange>[0] = { host: v.peer, udpPort: () => prober.link.local.port };
+      if (oobPort !== undefined) o.port = oobPort;
+      if (v['peer-retry-cnt'] !== undefined) o.retryCnt = int('peer-retry-cnt', v['peer-retry-cnt']);
+      if (v['peer-timeout'] !== undefined) o.timeout = int('peer-timeout', v['peer-timeout']);
+      exchange = roceExchange(o);
+      break;
+    }
     default:
-      throw new CliError(`unknown exchange ${v.exchange} (pingpong, perftest, self)`, EXIT.USAGE);
+      throw new CliError(`unknown exchange ${v.exchange} (pingpong, perftest, perftest-reader, roce)`, EXIT.USAGE);
   }
   const timing = { responseMs: int('response-ms', v['response-ms']), quietMs: int('quiet-ms', v['quiet-ms']) };
   const log = (l: string): void => out(l);
@@ -135,12 +134,18 @@ export async function conformCommand(argv: string[], out: (line: string) => void
     }
     if (v.fuzz) {
       await mkdir(v.out ?? '.', { recursive: true });
+      const maxFindings = int('max-findings', v['max-findings']);
       const r = await fuzzPeer({
         prober, exchange, seed: int('seed', v.seed), count: int('count', v.count), timeLimitS: int('time-limit', v['time-limit']), timing,
-        outDir: v.out ?? '.', writeFile: (f, d) => writeFile(f, d), log,
+        outDir: v.out ?? '.', writeFile: (f, d) => writeFile(f, d), log, maxFindings,
+        minimizeS: int('minimize-s', v['minimize-s']),
       });
-      out(`fuzz: ${r.tried} inputs in ${r.batches} batches, ${(r.durationMs / 1000).toFixed(1)} s (${r.inputsPerSecond}/s), ${r.reconnects} reconnects, ${r.findings.length} finding(s)`);
+      const l = r.liveness;
+      out(`fuzz: ${r.tried} inputs in ${r.batches} batches, ${(r.durationMs / 1000).toFixed(1)} s (${r.inputsPerSecond}/s), ` +
+        `${l.checks} liveness checks (${l.ok} answered, ${l.explainedFailures} QP errors after a fatal NAK, ${l.unexplainedFailures} unexplained), ` +
+        `${r.reconnects} reconnects, ${r.findings.length} finding(s)`);
       for (const f of r.findings) out(`  ${f.kind}: ${f.detail}; ${f.datagrams} datagram(s): ${f.replay ?? ''} ${f.pcap ?? ''}`);
+      if (v.report) await writeFile(v.report, JSON.stringify(r, null, 2) + '\n');
       return r.findings.length ? 1 : EXIT.OK;
     }
     const reportPath = v.report;

@@ -7,7 +7,7 @@
 
 import { ackSyndrome, NAK_CODE } from '../wire/aeth.js';
 import { cnpPacket } from '../wire/cnp.js';
-import { psnAdd } from '../wire/psn.js';
+import { psnAdd, psnDiff } from '../wire/psn.js';
 import type { RocePacket } from '../wire/packet.js';
 import { Prober, sleep, type ReqOptions, type Rx } from './prober.js';
 import type { PeerSession, SessionVariant } from './exchange.js';
@@ -244,20 +244,26 @@ export const CASES: readonly CaseDef[] = [
     id: 'implied-nak',
     title: 'Implied NAK: an ACK beyond an outstanding READ',
     rule: 'IBTA Vol.1 §9.7.5.1.4 (requester: a response PSN later than an outstanding RDMA READ/atomic implies its responses were lost), C9-121 area',
-    expected: 'the peer retransmits the RDMA READ request',
-    requires: (s) => (s.readThenSend ? undefined : `the ${s.exchange} peer never issues RDMA READs (needs a peer that reads from us)`),
+    expected: 'the peer retransmits the RDMA READ request (before its local ACK timeout could have made it)',
+    requires: (s) => (s.readThenSend || s.readsOnItsOwn ? undefined : `the ${s.exchange} peer never issues RDMA READs (needs a peer that reads from us)`),
     async run(c) {
+      if (!c.s.readThenSend) return impliedNakOnReads(c);
+      // Echoes of earlier requests must be acknowledged (and out of the way) before we stop
+      // acknowledging: one taken for the READ's SEND would make the ACK below a plain one.
+      await sleep(c.t.quietMs / 2);
+      c.fresh();
       c.p.autoAck = false;
       const rkey = 0x4242;
       const va = 0x1000n;
       await c.s.readThenSend!(rkey, va, 8);
       const isReq = (r: Rx, name: string): boolean => r.parsed.ok && r.parsed.info.name === name && r.parsed.packet.bth.destQp === c.p.ourQpn;
       const rd = await c.waitResponse((r) => isReq(r, 'RC_RDMA_READ_REQUEST'));
-      const sd = await c.waitResponse((r) => isReq(r, 'RC_SEND_ONLY'));
+      const q = rd?.parsed.ok ? rd.parsed.packet.bth.psn : -1;
+      const sd = rd ? await c.waitResponse((r) => isReq(r, 'RC_SEND_ONLY') && r.parsed.ok && r.parsed.packet.bth.psn === psnAdd(q, 1)) : undefined;
       if (!rd?.parsed.ok || !sd?.parsed.ok) return dev(`the peer did not send READ + SEND: ${rd ? describeRx(rd) : '-'} / ${sd ? describeRx(sd) : '-'}`);
-      const q = rd.parsed.packet.bth.psn;
       const q1 = sd.parsed.packet.bth.psn;
       c.p.msn++;
+      const ackAt = c.p.now();
       c.p.send(c.p.ack(q1));
       const again = await c.waitResponse((r) => r !== rd && isReq(r, 'RC_RDMA_READ_REQUEST') && r.parsed.ok && r.parsed.packet.bth.psn === q, c.t.responseMs * 2);
       // Finish the exchange properly so the peer's QP stays healthy.
@@ -268,7 +274,13 @@ export const CASES: readonly CaseDef[] = [
       c.p.peerPsn = psnAdd(q1, 1);
       c.p.autoAck = true;
       await sleep(c.t.quietMs / 2);
-      if (again) return pass(`READ psn ${hex(q)} retransmitted after the ACK of psn ${hex(q1)}`);
+      if (again) {
+        // A retransmission the local ACK timer could not have caused yet is the implied NAK's.
+        const tmo = c.s.timeout !== undefined ? expectedTimeoutMs(c) : undefined;
+        const after = `${(again.at - ackAt).toFixed(1)} ms after the ACK of psn ${hex(q1)}`;
+        if (tmo === undefined || again.at - rd.at < tmo) return pass(`READ psn ${hex(q)} retransmitted ${after}${tmo !== undefined ? `, before its local ACK timeout (${tmo.toFixed(1)} ms)` : ''}`);
+        return dev(`READ psn ${hex(q)} retransmitted only ${(again.at - rd.at).toFixed(1)} ms after it was first sent (${after}): no sooner than the local ACK timeout (${tmo.toFixed(1)} ms) would have`);
+      }
       return dev(`the READ psn ${hex(q)} was not retransmitted after the ACK of ${hex(q1)}`);
     },
   },
@@ -286,6 +298,28 @@ export const CASES: readonly CaseDef[] = [
       await c.quiet(c.t.quietMs / 2);
       if (r && isNak(r, NAK_CODE.INVALID_REQUEST, P)) return pass(`${name}: NAK INVALID_REQUEST psn ${hex(P)}`);
       return dev(`${name} at ePSN drew ${r ? describeRx(r) : 'no answer'}`);
+    },
+  },
+  {
+    id: 'short-first',
+    title: 'A FIRST packet shorter than the PMTU',
+    rule: 'IBTA Vol.1 C9-92 (packet length checks, as rxe\'s responder cites it: FIRST and MIDDLE packets carry exactly the path MTU of payload); §9.9.3.1.3 (responder class C): NAK Invalid Request, QP to Error',
+    expected: 'NAK Invalid Request with the packet\'s PSN; the peer\'s QP then stops answering',
+    fatal: true,
+    requires: (s) => (s.recvPosted || (s.memory && s.access.includes('write')) ? undefined : `the ${s.exchange} peer accepts neither SENDs nor RDMA WRITEs`),
+    async run(c) {
+      const P = c.p.nextPsn;
+      const m = c.s.memory;
+      // A message of two PMTUs whose first packet carries 8 bytes: a length error however it continues.
+      const pkt = c.s.recvPosted
+        ? c.p.request('RC_SEND_FIRST', { psn: P, payload: pattern(8, 0x21) })
+        : c.p.request('RC_RDMA_WRITE_FIRST', { psn: P, reth: { va: m!.va, rkey: m!.rkey, dmaLength: 2 * c.s.mtu }, payload: pattern(8, 0x21) });
+      const name = c.s.recvPosted ? 'SEND_FIRST' : 'RDMA_WRITE_FIRST';
+      c.p.send(pkt);
+      const r = await c.waitResponse((x) => Prober.isResponse(x));
+      await c.quiet(c.t.quietMs / 2);
+      if (r && isNak(r, NAK_CODE.INVALID_REQUEST, P)) return pass(`${name} with 8 of ${c.s.mtu} bytes: NAK INVALID_REQUEST psn ${hex(P)}`);
+      return dev(`${name} with 8 bytes at a PMTU of ${c.s.mtu} drew ${r ? describeRx(r) : 'no answer'}`);
     },
   },
   rkeyCase('rkey-violation', 'R_Key violation', 'a wrong R_Key', (m) => ({ va: m.va + BigInt(OFF.rkey), rkey: (m.rkey ^ 0x5a5a5a00) >>> 0 })),
@@ -318,7 +352,7 @@ export const CASES: readonly CaseDef[] = [
     rule: 'IBTA Vol.1 §9.7.4.1.3 / §9.9.3.1.3 (responder class C): a request the QP\'s access flags do not allow is NAKed Invalid Request, QP to Error',
     expected: 'NAK Invalid Request',
     fatal: true,
-    variant: (ex) => (ex === 'self' ? { access: ['write'] } : undefined),
+    variant: (ex) => (ex === 'roce' ? { access: ['write'] } : undefined),
     requires: (s) => (!s.access.includes('write') || !s.access.includes('read') ? undefined : 'the QP allows every operation'),
     async run(c) {
       const P = c.p.nextPsn;
@@ -340,7 +374,7 @@ export const CASES: readonly CaseDef[] = [
     title: 'SEND with no receive posted: RNR NAK',
     rule: 'IBTA Vol.1 §9.7.5.2.8 (RNR NAK) / §9.9.3.1.2 (responder class B): RNR NAK with the request\'s PSN; QP stays usable',
     expected: 'RNR NAK with the SEND\'s PSN; the QP keeps working',
-    variant: (ex) => (ex === 'self' ? { noRecv: true } : undefined),
+    variant: (ex) => (ex === 'roce' ? { noRecv: true } : undefined),
     requires: (s) => (s.recvPosted ? `the ${s.exchange} peer always has receives posted` : undefined),
     async run(c) {
       const P = c.p.nextPsn;
@@ -541,6 +575,43 @@ export const CASES: readonly CaseDef[] = [
 ];
 
 /** WRITE (or READ, when WRITE is not allowed) with a bad R_Key or address: NAK remote access, memory untouched. */
+/**
+ * The implied-NAK case with a peer that keeps RDMA READs outstanding on its own (a perftest
+ * READ client): with two of them unanswered, we answer only the later one. Its response PSN is
+ * beyond the earlier READ, so the earlier READ's responses were lost: the peer must resend it.
+ */
+async function impliedNakOnReads(c: CaseCtx): Promise<Outcome> {
+  c.p.autoAck = false;
+  const q = c.p.peerPsn;
+  const isRead = (r: Rx): boolean => r.parsed.ok && r.parsed.info.name === 'RC_RDMA_READ_REQUEST' && r.parsed.packet.bth.destQp === c.p.ourQpn;
+  const rd = await c.waitResponse((r) => isRead(r) && r.parsed.ok && r.parsed.packet.bth.psn === q);
+  const rd2 = rd ? await c.waitResponse((r) => isRead(r) && r.parsed.ok && psnDiff(r.parsed.packet.bth.psn, q) > 0) : undefined;
+  const restore = (): void => {
+    c.p.peerPsn = q;
+    c.p.autoAck = true;
+  };
+  if (!rd?.parsed.ok || !rd2?.parsed.ok) {
+    restore();
+    return dev(`the peer did not keep two READs outstanding: ${rd ? describeRx(rd) : 'no READ at ' + hex(q)} / ${rd2 ? describeRx(rd2) : '-'}`);
+  }
+  const q2 = rd2.parsed.packet.bth.psn;
+  const ackAt = c.p.now();
+  for (const r of c.p.readResponses(q2, rd2.parsed.packet.reth?.dmaLength ?? 0)) c.p.send(r);
+  const again = await c.waitResponse((r) => r !== rd && isRead(r) && r.parsed.ok && r.parsed.packet.bth.psn === q, c.t.responseMs * 2);
+  // Answer the resent READ by hand, then let the auto-responder take the rest of the resent ones.
+  const len = rd.parsed.packet.reth?.dmaLength ?? 0;
+  for (const r of c.p.readResponses(q, len)) c.p.send(r);
+  c.p.msn = (c.p.msn + 1) & 0xffffff;
+  restore();
+  c.p.peerPsn = psnAdd(q, c.p.readPackets(len));
+  await sleep(c.t.quietMs);
+  if (!again) return dev(`the READ psn ${hex(q)} was not resent after a READ response for psn ${hex(q2)}`);
+  const tmo = c.s.timeout !== undefined ? expectedTimeoutMs(c) : undefined;
+  const after = `${(again.at - ackAt).toFixed(1)} ms after the READ response for psn ${hex(q2)}`;
+  if (tmo === undefined || again.at - rd.at < tmo) return pass(`READ psn ${hex(q)} resent ${after}${tmo !== undefined ? `, before its local ACK timeout (${tmo.toFixed(1)} ms)` : ''}`);
+  return dev(`READ psn ${hex(q)} resent only ${(again.at - rd.at).toFixed(1)} ms after it was first sent (${after}): no sooner than the local ACK timeout (${tmo.toFixed(1)} ms) would have`);
+}
+
 function rkeyCase(id: string, title: string, what: string, target: (m: NonNullable<PeerSession['memory']>) => { va: bigint; rkey: number }): CaseDef {
   const original = pattern(16, 0x5c);
   return {
@@ -563,12 +634,17 @@ function rkeyCase(id: string, title: string, what: string, target: (m: NonNullab
       const P = c.p.nextPsn;
       c.fresh();
       const len = id === 'out-of-bounds' ? 64 : 16;
-      const pkt = useWrite
+      // The access must be one the QP allows, or the answer is about the QP (Invalid Request), not the R_Key.
+      const kind = useWrite ? 'write' : c.s.access.includes('read') ? 'read' : 'atomic';
+      const pkt = kind === 'write'
         ? c.p.request('RC_RDMA_WRITE_ONLY', { psn: P, reth: { va: t.va, rkey: t.rkey, dmaLength: len }, payload: pattern(len, 0x11) })
-        : c.p.request('RC_RDMA_READ_REQUEST', { psn: P, reth: { va: t.va, rkey: t.rkey, dmaLength: len } });
+        : kind === 'read'
+          ? c.p.request('RC_RDMA_READ_REQUEST', { psn: P, reth: { va: t.va, rkey: t.rkey, dmaLength: len } })
+          // An atomic is 8 bytes: out of bounds means its address is past the end (aligned, as atomics must be).
+          : c.p.request('RC_FETCH_ADD', { psn: P, atomicEth: { va: id === 'out-of-bounds' ? t.va + 64n : t.va, rkey: t.rkey, swapAdd: 1n, compare: 0n } });
       c.p.send(pkt);
       const r = await c.waitResponse((x) => Prober.isResponse(x));
-      const op = useWrite ? 'WRITE' : 'READ';
+      const op = kind === 'write' ? 'WRITE' : kind === 'read' ? 'READ' : 'FetchAdd';
       if (r && isNak(r, NAK_CODE.REMOTE_ACCESS_ERROR, P)) return pass(`${op} with ${what}: NAK REMOTE_ACCESS_ERROR psn ${hex(P)}`);
       return dev(`${op} with ${what} drew ${r ? describeRx(r) : 'no answer'} (expected NAK REMOTE_ACCESS_ERROR psn ${hex(P)})`);
     },
@@ -612,7 +688,7 @@ export const SUITES: Readonly<Record<string, readonly string[]>> = {
   all: CASES.map((c) => c.id),
   psn: ['psn-gap-nak-once', 'dup-send', 'dup-write', 'dup-read', 'dup-atomic', 'psn-wrap'],
   malformed: ['bad-icrc', 'truncated', 'bad-padcnt', 'bad-tver', 'wrong-pkey', 'pkey-limited-member', 'unknown-qp', 'cnp-to-rc'],
-  errors: ['invalid-opcode-sequence', 'rkey-violation', 'out-of-bounds', 'missing-access', 'op-not-enabled', 'rnr'],
+  errors: ['invalid-opcode-sequence', 'short-first', 'rkey-violation', 'out-of-bounds', 'missing-access', 'op-not-enabled', 'rnr'],
   requester: ['ghost-ack', 'implied-nak', 'ack-timeout', 'retry-exhaustion'],
   quick: ['psn-gap-nak-once', 'dup-send', 'bad-icrc', 'unknown-qp', 'zero-length-send'],
 };

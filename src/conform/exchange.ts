@@ -5,19 +5,23 @@
  *   ours; it has receives posted and answers each of our SENDs with one of its own. No memory.
  * - `perftest`: an `ib_write_bw` / `ib_read_bw` / `ib_atomic_bw` server. We learn QPN, PSN and
  *   the rkey/VA of its buffer; the QP allows exactly the tool's verb; no receives are posted.
- * - `self`: our reference target (target.ts) over its JSON control connection: memory with all
- *   rights plus a read-only region, receives, echo, and variants on request (no receives,
- *   restricted QP access, a READ from the target to us).
+ * - `perftest-reader`: the peer runs the `ib_read_bw` client against us (we play the server):
+ *   it keeps RDMA READs of our pretend buffer outstanding, which the prober answers with zeros
+ *   (the implied-NAK case needs a peer that reads); its own buffer allows READ.
+ * - `roce`: our own `roce serve`, through the transfer protocol's `probe` request
+ *   (src/app/probe.ts): memory with all rights plus a read-only region, receives, echo, and
+ *   variants on request (no receives, restricted QP access, a READ from the server to us).
  *
  * A session says what it offers; a case whose precondition is missing is reported
  * `not-applicable` with the reason.
  */
 
 import net from 'node:net';
+import { Channel, DEFAULT_OOB_PORT, PROTOCOL_VERSION, RefusedError, type ProbeRegion } from '../app/protocol.js';
 import { pingpongClientExchange, PINGPONG_DEFAULT_PORT } from '../oob/pingpong.js';
-import { perftestClientExchange, PERFTEST_DEFAULT_PORT, mtuFromEnum, type PerftestSession, type PerftestVerb } from '../oob/perftest.js';
+import { perftestClientExchange, perftestServerExchange, PERFTEST_DEFAULT_PORT, mtuFromEnum, type PerftestSession, type PerftestVerb } from '../oob/perftest.js';
 import { gidFromIp, parseIpAddress } from '../wire/frame.js';
-import { SocketReader } from '../oob/common.js';
+import { gidToString } from '../oob/common.js';
 
 export type Access = 'read' | 'write' | 'atomic';
 
@@ -41,7 +45,7 @@ export interface PeerSession {
   /** Operations the peer's QP allows (its qp_access_flags). */
   access: Access[];
   memory?: MemoryInfo;
-  /** A region registered without remote write (self target only). */
+  /** A region registered without remote write (roce exchange only). */
   readOnlyMemory?: MemoryInfo;
   /** The same memory is offered again after a reconnect (so a later READ can check it). */
   memoryPersists?: boolean;
@@ -52,7 +56,11 @@ export interface PeerSession {
   /** The peer's retry_cnt and timeout attributes, when known. */
   retryCnt?: number;
   timeout?: number;
-  /** Ask the peer to post an RDMA READ (of our fake memory) followed by a SEND; self only. */
+  /** The peer keeps RDMA READs of our (pretend) memory outstanding on its own (a perftest READ client). */
+  readsOnItsOwn?: boolean;
+  /** The peer's UDP port, when the exchange tells it (the prober sends there). */
+  peerUdpPort?: number;
+  /** Ask the peer to post an RDMA READ (of our fake memory) followed by a SEND; roce only. */
   readThenSend?(rkey: number, va: bigint, length: number): Promise<void>;
   close(): Promise<void>;
 }
@@ -149,91 +157,139 @@ export function perftestExchange(o: PerftestExchangeOptions): Exchange {
   };
 }
 
-// --- the self target's control protocol (JSON lines over TCP) ---------------------------------
-
-export interface SelfConnectRequest {
-  op: 'connect';
-  qpn: number;
-  psn: number;
-  address: string;
-  udpPort: number;
-  recvs: number;
-  access: Access[];
-}
-
-export interface SelfConnectReply {
-  ok: boolean;
-  error?: string;
-  qpn: number;
-  psn: number;
-  mtu: number;
-  retryCnt: number;
-  timeout: number;
-  access: Access[];
-  recvs: number;
-  mem: { rkey: number; va: string; length: number };
-  ro: { rkey: number; va: string; length: number };
-}
-
-export const SELF_DEFAULT_PORT = 18600;
-
-export interface SelfExchangeOptions {
-  host: string;
-  /** The target's control port. */
+export interface PerftestReaderExchangeOptions {
+  /** Our address, where the client connects (its server argument). */
+  listen: string;
   port?: number;
-  /** Our UDP port (the target answers there), or how to learn it once bound. Default 4791. */
-  udpPort?: number | (() => number);
+  /** Starts the client tool once we listen (the harness runs `ib_read_bw … OUR-ADDRESS`). */
+  startPeer?: (reason: string) => Promise<void>;
+  acceptTimeoutMs?: number;
+  /** The -s size the client runs with (its buffer holds at least this much). Default 8. */
+  size?: number;
 }
 
-export function selfExchange(o: SelfExchangeOptions): Exchange {
+/** Our pretend buffer: the client READs it, the prober answers with zeros. */
+const READER_RKEY = 0x1234;
+const READER_VA = 0x10000n;
+
+export function perftestReaderExchange(o: PerftestReaderExchangeOptions): Exchange {
   return {
-    name: 'self',
+    name: 'perftest-reader',
+    cannot: (v) => (v.access ? 'the ib_read_bw client\'s QP allows READ only' : undefined),
+    async connect(ourQpn, ourAddress, v) {
+      const ourPsn = v.ourPsn ?? randomPsn();
+      const server = net.createServer();
+      const accepted = new Promise<net.Socket>((resolve, reject) => {
+        const timer = setTimeout(() => reject(new Error(`no perftest client connected within ${o.acceptTimeoutMs ?? 30_000} ms`)), o.acceptTimeoutMs ?? 30_000);
+        server.once('connection', (sock) => {
+          clearTimeout(timer);
+          resolve(sock);
+        });
+        server.once('error', (e) => {
+          clearTimeout(timer);
+          reject(e);
+        });
+      });
+      await new Promise<void>((resolve, reject) => {
+        server.once('error', reject);
+        server.listen({ host: o.listen, port: o.port ?? PERFTEST_DEFAULT_PORT, exclusive: true }, () => resolve());
+      });
+      try {
+        await o.startPeer?.('the perftest client is to connect to us');
+        const sock = await accepted;
+        const s = await perftestServerExchange(sock, {
+          verb: 'read', mtu: 3,
+          local: { lid: 0, outReads: 16, qpn: ourQpn, psn: ourPsn, rkey: READER_RKEY, vaddr: READER_VA, gid: gidOfAddress(ourAddress), srqn: 0 },
+        });
+        await s.ready();
+        const k = s.remote[0]!;
+        return {
+          exchange: 'perftest-reader', peerQpn: k.qpn, peerPsn: k.psn, ourPsn, mtu: mtuFromEnum(s.mtu), access: ['read'],
+          memory: { rkey: k.rkey, va: k.vaddr, length: o.size ?? 8, exactLength: false },
+          recvPosted: false, echoes: false, readsOnItsOwn: true, retryCnt: 7, timeout: 14,
+          close: async () => {
+            s.close();
+          },
+        };
+      } finally {
+        server.close();
+      }
+    },
+  };
+}
+
+// --- `roce serve` (the file-transfer server) as a target ---------------------------------------
+
+export interface RoceExchangeOptions {
+  host: string;
+  /** The server's out-of-band TCP port. Default 18515. */
+  port?: number;
+  /** Our UDP port (the server answers there), or how to learn it once bound. Default 4791. */
+  udpPort?: number | (() => number);
+  /**
+   * retry_cnt and timeout for the server's probe QP. Default 3 (7 would mean "forever" to our
+   * engine, as to rxe) and 14 (~67 ms, ibv_rc_pingpong's: long enough that an implied-NAK
+   * retransmission is told apart from a timeout one on a loaded machine).
+   */
+  retryCnt?: number;
+  timeout?: number;
+  connectTimeoutMs?: number;
+}
+
+/**
+ * Our own server: the transfer protocol's hello, then a `probe` request (src/app/probe.ts) for a
+ * QP with the receives and rights the variant asks for. Everything a case may want is on offer.
+ */
+export function roceExchange(o: RoceExchangeOptions): Exchange {
+  const timeoutMs = o.connectTimeoutMs ?? 10_000;
+  return {
+    name: 'roce',
     cannot: () => undefined,
     async connect(ourQpn, ourAddress, v) {
       const ourPsn = v.ourPsn ?? randomPsn();
+      const udpPort = typeof o.udpPort === 'function' ? o.udpPort() : o.udpPort ?? 4791;
       const socket = await new Promise<net.Socket>((resolve, reject) => {
-        const s = net.connect({ host: o.host, port: o.port ?? SELF_DEFAULT_PORT });
-        s.once('connect', () => resolve(s));
-        s.once('error', reject);
+        const s = net.connect({ host: o.host, port: o.port ?? DEFAULT_OOB_PORT });
+        const timer = setTimeout(() => {
+          s.destroy();
+          reject(new Error(`roce serve at ${o.host}:${o.port ?? DEFAULT_OOB_PORT} did not accept within ${timeoutMs} ms`));
+        }, timeoutMs);
+        s.once('connect', () => {
+          clearTimeout(timer);
+          resolve(s);
+        });
+        s.once('error', (e) => {
+          clearTimeout(timer);
+          reject(e);
+        });
       });
-      socket.setNoDelay(true);
-      const reader = new SocketReader(socket, 'self target');
-      const call = async (req: object): Promise<Record<string, unknown>> => {
-        socket.write(JSON.stringify(req) + '\n');
-        let line = '';
-        for (;;) {
-          const c = await reader.readExact(1, 10_000, 'control reply');
-          if (c[0] === 0x0a) break;
-          line += String.fromCharCode(c[0]!);
-        }
-        return JSON.parse(line) as Record<string, unknown>;
-      };
-      const req: SelfConnectRequest = {
-        op: 'connect', qpn: ourQpn, psn: ourPsn, address: ourAddress, udpPort: typeof o.udpPort === 'function' ? o.udpPort() : o.udpPort ?? 4791,
-        recvs: v.noRecv ? 0 : 64, access: v.access ?? ['read', 'write', 'atomic'],
-      };
-      let r: SelfConnectReply;
+      const ch = new Channel(socket, 'roce serve');
+      const mtu = 1024;
       try {
-        r = (await call(req)) as unknown as SelfConnectReply;
+        ch.send({ type: 'hello', v: PROTOCOL_VERSION, qpn: ourQpn, psn: ourPsn, gid: gidToString(gidOfAddress(ourAddress)), address: ourAddress, port: udpPort, mtu });
+        await ch.expect('hello', timeoutMs);
+        ch.send({
+          type: 'probe', qpn: ourQpn, psn: ourPsn, address: ourAddress, port: udpPort, mtu, recvs: v.noRecv ? 0 : 64,
+          access: v.access ?? ['read', 'write', 'atomic'], retryCnt: o.retryCnt ?? 3, timeout: o.timeout ?? 14,
+        });
+        const r = await ch.expect('probed', timeoutMs);
+        const mem = (m: ProbeRegion): MemoryInfo => ({ rkey: m.rkey, va: BigInt('0x' + m.va), length: m.length, exactLength: true });
+        return {
+          exchange: 'roce', peerQpn: r.qpn, peerPsn: r.psn, ourPsn, mtu: r.mtu, access: r.access, memory: mem(r.mem), readOnlyMemory: mem(r.ro),
+          memoryPersists: true, recvPosted: r.recvs > 0, echoes: r.recvs > 0, retryCnt: r.retryCnt, timeout: r.timeout, peerUdpPort: r.port,
+          readThenSend: async (rkey, va, length) => {
+            ch.send({ type: 'probe-read', rkey, va: va.toString(16), length });
+            await ch.expect('probe-posted', timeoutMs);
+          },
+          close: async () => {
+            ch.close();
+          },
+        };
       } catch (e) {
+        ch.close();
         socket.destroy();
-        throw e;
+        throw e instanceof RefusedError ? new Error(`roce serve refused the probe: ${e.message}`) : e;
       }
-      if (!r.ok) {
-        socket.destroy();
-        throw new Error(`self target refused the session: ${r.error ?? '?'}`);
-      }
-      const mem = (m: SelfConnectReply['mem']): MemoryInfo => ({ rkey: m.rkey, va: BigInt(m.va), length: m.length, exactLength: true });
-      return {
-        exchange: 'self', peerQpn: r.qpn, peerPsn: r.psn, ourPsn, mtu: r.mtu, access: r.access, memory: mem(r.mem), readOnlyMemory: mem(r.ro),
-        memoryPersists: true, recvPosted: r.recvs > 0, echoes: r.recvs > 0, retryCnt: r.retryCnt, timeout: r.timeout,
-        readThenSend: async (rkey, va, length) => {
-          await call({ op: 'readThenSend', rkey, va: '0x' + va.toString(16), length });
-        },
-        close: async () => {
-          socket.destroy();
-        },
-      };
     },
   };
 }

@@ -17,7 +17,7 @@ import { NAK_CODE } from '../wire/aeth.js';
 import { psnAdd, psnDiff } from '../wire/psn.js';
 import { readU24, writeU24 } from '../wire/bytes.js';
 import { Rng } from '../sim/rng.js';
-import type { Exchange } from './exchange.js';
+import type { Exchange, PeerSession } from './exchange.js';
 import { Prober, sleep, type IcrcChoice, type Rx } from './prober.js';
 import { goodOp, liveness, SessionKeeper } from './runner.js';
 import type { Timing } from './cases.js';
@@ -41,7 +41,8 @@ export interface ReplayFile {
   exchange: string;
   peer: string;
   seed: number;
-  finding: { kind: 'liveness' | 'correctness'; detail: string };
+  /** `session`: the peer gave no new session afterwards (its tool did not come back). */
+  finding: { kind: 'liveness' | 'correctness' | 'session'; detail: string };
   session: { peerQpn: string; ourPsn: string; access: string[]; recvPosted: boolean };
   datagrams: FuzzInput[];
 }
@@ -57,19 +58,35 @@ export interface FuzzOptions {
   /** Where replay files and pcaps go (with writeFile). */
   outDir?: string;
   writeFile?: (path: string, data: Uint8Array | string) => Promise<void>;
-  /** Stop at the first finding. Default true. */
-  stopAtFirst?: boolean;
+  /** Stop after this many findings. Default 1. */
+  maxFindings?: number;
+  /**
+   * Bounds on minimizing one finding: reproductions (each a fresh session, which against a
+   * real tool means restarting it) and wall time. Default 80 and 60 s.
+   */
+  minimizeRuns?: number;
+  minimizeS?: number;
   log?: (line: string) => void;
 }
 
 export interface FuzzReport {
+  exchange: string;
+  peer: string;
   seed: number;
+  /** What was asked: at most `count` inputs, for at most `timeLimitS` (minimization aside). */
+  count: number;
+  timeLimitS: number;
   tried: number;
   batches: number;
+  /** Known-good requests after a batch: answered, failed after a fatal NAK (the QP error IBTA demands), failed without one. */
+  liveness: { checks: number; ok: number; explainedFailures: number; unexplainedFailures: number };
   reconnects: number;
   durationMs: number;
+  /** Time spent reproducing and minimizing findings (inside durationMs). */
+  minimizeMs: number;
+  /** Inputs per second of fuzzing (minimization time excluded). */
   inputsPerSecond: number;
-  findings: { kind: string; detail: string; datagrams: number; replay?: string; pcap?: string; file: ReplayFile }[];
+  findings: { kind: string; detail: string; datagrams: number; reproduced: boolean; replay?: string; pcap?: string; file: ReplayFile }[];
 }
 
 const FATAL_NAKS = [NAK_CODE.INVALID_REQUEST, NAK_CODE.REMOTE_ACCESS_ERROR, NAK_CODE.REMOTE_OPERATIONAL_ERROR];
@@ -167,16 +184,53 @@ interface Verdict {
   explained: boolean;
 }
 
-async function judge(p: Prober, keeper: SessionKeeper, since: { rx: number }, t: Timing): Promise<Verdict> {
+/** Liveness tallies, when the caller keeps them. */
+type Tally = FuzzReport['liveness'];
+
+async function judge(p: Prober, keeper: SessionKeeper, since: { rx: number }, t: Timing, tally?: Tally): Promise<Verdict> {
   await sleep(t.quietMs);
   const rx: Rx[] = p.received(since);
-  const fatal = rx.find((r) => FATAL_NAKS.some((c) => isNak(r, c)));
   const bad = rx.find((r) => r.icrcOk && (!r.parsed.ok || r.parsed.packet.bth.destQp !== p.ourQpn));
   if (bad) return { broken: true, kind: 'correctness', detail: `the peer sent ${describeRx(bad)} (not a well-formed packet for our QP)`, explained: false };
+  catchUp(p, rx);
   const live = await liveness(p, keeper.session!, t);
-  if (live !== 'failed') return { broken: false, kind: 'liveness', detail: live, explained: false };
-  if (fatal) return { broken: false, kind: 'liveness', detail: `QP error after ${describeRx(fatal)}`, explained: true };
+  // A fatal NAK may also answer the liveness request itself: an input the peer accepted (a
+  // SEND FIRST, say) can make the known-good request an opcode sequence error.
+  const fatal = p.received(since).find((r) => FATAL_NAKS.some((c) => isNak(r, c)));
+  if (tally) tally.checks++;
+  if (live !== 'failed') {
+    if (tally) tally.ok++;
+    return { broken: false, kind: 'liveness', detail: live, explained: false };
+  }
+  if (fatal) {
+    if (tally) tally.explainedFailures++;
+    return { broken: false, kind: 'liveness', detail: `QP error after ${describeRx(fatal)}`, explained: true };
+  }
+  if (tally) tally.unexplainedFailures++;
   return { broken: true, kind: 'liveness', detail: 'the peer stopped answering a known-good request without any NAK explaining it', explained: false };
+}
+
+/**
+ * Moves our next PSN past every request the peer's answers show it executed. Inputs at the
+ * expected PSN are executed like any request, so the peer's ePSN may be ahead of ours; a
+ * known-good request at a consumed PSN is a duplicate, and a duplicate READ for another range
+ * is dropped by rxe without an answer (duplicate_request() in rxe_resp.c) — a false finding.
+ */
+function catchUp(p: Prober, rx: readonly Rx[]): void {
+  for (const r of rx) {
+    if (!r.icrcOk || !r.parsed.ok || !Prober.isResponse(r)) continue;
+    const pk = r.parsed.packet;
+    let next: number;
+    if (pk.aeth && (pk.aeth.syndrome & 0x60) !== 0) {
+      // RNR NAK or NAK: the PSN it carries is the one the peer waits for (fatal NAKs end the QP anyway).
+      next = pk.bth.psn;
+    } else {
+      next = psnAdd(pk.bth.psn, 1);
+    }
+    // Within the window only: a wild PSN is no evidence.
+    const d = psnDiff(next, p.nextPsn);
+    if (d > 0 && d < 1024) p.nextPsn = next;
+  }
 }
 
 async function sendAll(p: Prober, inputs: readonly FuzzInput[]): Promise<void> {
@@ -195,25 +249,37 @@ async function reproduces(p: Prober, keeper: SessionKeeper, inputs: readonly Fuz
   return v.broken && v.kind === kind;
 }
 
-/** Fewest datagrams (ddmin-style), then each byte put back to the template's while it still fails. */
-async function minimize(p: Prober, keeper: SessionKeeper, inputs: FuzzInput[], kind: string, t: Timing, log: (l: string) => void): Promise<FuzzInput[]> {
+/**
+ * Fewest datagrams (ddmin-style), then each byte put back to the template's while it still
+ * fails. Bounded by `runs` reproductions and the wall clock (`until`): against a real tool every
+ * reproduction is a restart of the tool.
+ */
+async function minimize(
+  p: Prober, keeper: SessionKeeper, inputs: FuzzInput[], kind: string, t: Timing, log: (l: string) => void, runs: number, until: number,
+): Promise<FuzzInput[]> {
   let cur = inputs;
-  let budget = 80;
+  let budget = runs;
+  /** Takes one run from the budget; false when none is left. */
+  const take = (): boolean => budget-- > 0 && Date.now() < until;
   // Singles first: most findings are one datagram.
   for (const i of cur) {
-    if (budget-- <= 0) break;
+    if (!take()) break;
     if (await reproduces(p, keeper, [i], kind, t)) {
       cur = [i];
       break;
     }
   }
   let n = 2;
-  while (cur.length > 1 && budget > 0) {
+  let out = false;
+  while (cur.length > 1 && !out) {
     const size = Math.ceil(cur.length / n);
     let reduced = false;
-    for (let k = 0; k < cur.length && budget > 0; k += size) {
+    for (let k = 0; k < cur.length; k += size) {
+      if (!take()) {
+        out = true;
+        break;
+      }
       const rest = [...cur.slice(0, k), ...cur.slice(k + size)];
-      budget--;
       if (rest.length && (await reproduces(p, keeper, rest, kind, t))) {
         cur = rest;
         n = Math.max(n - 1, 2);
@@ -221,28 +287,28 @@ async function minimize(p: Prober, keeper: SessionKeeper, inputs: FuzzInput[], k
         break;
       }
     }
-    if (!reduced) {
+    if (!reduced && !out) {
       if (size === 1) break;
       n = Math.min(cur.length, n * 2);
     }
   }
   log(`minimized to ${cur.length} datagram(s)`);
   if (cur.length === 1 && cur[0]!.template) {
-    const one = cur[0]!;
+    const one = { ...cur[0]! };
     let b = fromHex(one.hex);
     const tpl = fromHex(one.template!);
-    if (b.length > tpl.length && budget-- > 0) {
+    if (b.length > tpl.length && take()) {
       const cut = { ...one, hex: toHex(b.subarray(0, tpl.length)) };
       if (await reproduces(p, keeper, [cut], kind, t)) b = fromHex(cut.hex);
     }
-    if (one.icrc !== 'good' && budget-- > 0) {
+    if (one.icrc !== 'good' && take()) {
       if (await reproduces(p, keeper, [{ ...one, hex: toHex(b), icrc: 'good' }], kind, t)) one.icrc = 'good';
     }
-    for (let i = 0; i < Math.min(b.length, tpl.length) && budget > 0; i++) {
+    for (let i = 0; i < Math.min(b.length, tpl.length); i++) {
       if (b[i] === tpl[i]) continue;
+      if (!take()) break;
       const tryB = Uint8Array.from(b);
       tryB[i] = tpl[i]!;
-      budget--;
       if (await reproduces(p, keeper, [{ ...one, hex: toHex(tryB) }], kind, t)) b = tryB;
     }
     cur = [{ ...one, hex: toHex(b) }];
@@ -258,8 +324,28 @@ export async function fuzzPeer(o: FuzzOptions): Promise<FuzzReport> {
   const batch = o.batch ?? 8;
   const t0 = Date.now();
   const deadline = t0 + o.timeLimitS * 1000;
-  const report: FuzzReport = { seed: o.seed, tried: 0, batches: 0, reconnects: 0, durationMs: 0, inputsPerSecond: 0, findings: [] };
+  const report: FuzzReport = {
+    exchange: o.exchange.name, peer: `${p.peer.address}:${p.peer.port}`, seed: o.seed, count: o.count, timeLimitS: o.timeLimitS,
+    tried: 0, batches: 0, liveness: { checks: 0, ok: 0, explainedFailures: 0, unexplainedFailures: 0 }, reconnects: 0, durationMs: 0,
+    minimizeMs: 0, inputsPerSecond: 0, findings: [],
+  };
   if (!(await keeper.connect({}, undefined))) throw new Error(`no session with the peer: ${keeper.lastError ?? '?'}`);
+  const save = async (f: FuzzReport['findings'][number], pcap: Uint8Array): Promise<void> => {
+    if (o.outDir && o.writeFile) {
+      const base = `${o.outDir}/finding-${o.seed}-${report.findings.length + 1}`;
+      await o.writeFile(`${base}.replay.json`, JSON.stringify(f.file, null, 2) + '\n');
+      await o.writeFile(`${base}.pcap`, pcap);
+      f.replay = `${base}.replay.json`;
+      f.pcap = `${base}.pcap`;
+    }
+    report.findings.push(f);
+  };
+  const fileOf = (kind: ReplayFile['finding']['kind'], detail: string, s: PeerSession, datagrams: FuzzInput[]): ReplayFile => ({
+    kind: 'roce-conform-replay', version: 1, exchange: o.exchange.name, peer: `${p.peer.address}:${p.peer.port}`, seed: o.seed,
+    finding: { kind, detail },
+    session: { peerQpn: '0x' + s.peerQpn.toString(16), ourPsn: '0x' + s.ourPsn.toString(16), access: s.access, recvPosted: s.recvPosted },
+    datagrams,
+  });
   while (report.tried < o.count && Date.now() < deadline) {
     const tpls = templates(p, keeper);
     const inputs: FuzzInput[] = [];
@@ -269,46 +355,44 @@ export async function fuzzPeer(o: FuzzOptions): Promise<FuzzReport> {
       inputs.push(inputOf(p, m.bytes, m.icrc, tpl));
     }
     const since = p.mark();
+    const baseSession = keeper.session!;
     await sendAll(p, inputs);
     report.tried += inputs.length;
     report.batches++;
-    const v = await judge(p, keeper, since, o.timing);
+    const v = await judge(p, keeper, since, o.timing, report.liveness);
     if (v.explained) {
       report.reconnects++;
-      if (!(await keeper.connect({}, 'QP error after a fatal NAK'))) throw new Error(`reconnect failed: ${keeper.lastError ?? '?'}`);
-      continue;
+      if (await keeper.connect({}, 'QP error after a fatal NAK')) continue;
+      // The peer gave no new session (its tool did not come back): that is a finding too, the
+      // batch before it the only suspect. Nothing to minimize without a session.
+      const detail = `no new session after ${v.detail}: ${keeper.lastError ?? 'exchange failed'}`;
+      log(`batch ${report.batches}: ${detail}`);
+      await save({ kind: 'session', detail, datagrams: inputs.length, reproduced: false, file: fileOf('session', detail, baseSession, inputs) }, p.pcap(since));
+      break;
     }
     if (!v.broken) continue;
+    const original = { from: since, until: p.log.length };
     log(`batch ${report.batches}: ${v.kind}: ${v.detail}; minimizing ${inputs.length} datagrams`);
-    const baseSession = keeper.session!;
+    const m0 = Date.now();
     const min = (await reproduces(p, keeper, inputs, v.kind, o.timing))
-      ? await minimize(p, keeper, inputs, v.kind, o.timing, log)
+      ? await minimize(p, keeper, inputs, v.kind, o.timing, log, o.minimizeRuns ?? 80, Date.now() + (o.minimizeS ?? 60) * 1000)
       : inputs;
-    // One last reproduction, recorded for the pcap.
+    // One last reproduction, recorded for the pcap; when it does not show, the pcap is of the original batch.
     const pcapFrom = p.mark();
     const ok = await reproduces(p, keeper, min, v.kind, o.timing);
-    const file: ReplayFile = {
-      kind: 'roce-conform-replay', version: 1, exchange: o.exchange.name, peer: `${p.peer.address}:${p.peer.port}`, seed: o.seed,
-      finding: { kind: v.kind, detail: v.detail + (ok ? '' : ' (did not reproduce reliably)') },
-      session: { peerQpn: '0x' + baseSession.peerQpn.toString(16), ourPsn: '0x' + baseSession.ourPsn.toString(16), access: baseSession.access, recvPosted: baseSession.recvPosted },
-      datagrams: min,
-    };
-    const f: FuzzReport['findings'][number] = { kind: v.kind, detail: file.finding.detail, datagrams: min.length, file };
-    if (o.outDir && o.writeFile) {
-      const base = `${o.outDir}/finding-${o.seed}-${report.findings.length + 1}`;
-      await o.writeFile(`${base}.replay.json`, JSON.stringify(file, null, 2) + '\n');
-      await o.writeFile(`${base}.pcap`, p.pcap(pcapFrom));
-      f.replay = `${base}.replay.json`;
-      f.pcap = `${base}.pcap`;
-    }
-    report.findings.push(f);
+    report.minimizeMs += Date.now() - m0;
+    const detail = v.detail + (ok ? '' : ' (did not reproduce reliably)');
+    await save(
+      { kind: v.kind, detail, datagrams: min.length, reproduced: ok, file: fileOf(v.kind, detail, baseSession, min) },
+      ok ? p.pcap(pcapFrom) : p.pcap(original.from, original.until),
+    );
     report.reconnects++;
-    if (o.stopAtFirst ?? true) break;
+    if (report.findings.length >= (o.maxFindings ?? 1)) break;
     if (!(await keeper.connect({}, 'after a finding'))) break;
   }
   await keeper.session?.close().catch(() => undefined);
   report.durationMs = Date.now() - t0;
-  report.inputsPerSecond = Math.round((report.tried / Math.max(1, report.durationMs)) * 1000);
+  report.inputsPerSecond = Math.round((report.tried / Math.max(1, report.durationMs - report.minimizeMs)) * 1000);
   return report;
 }
 

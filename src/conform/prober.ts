@@ -4,8 +4,9 @@
  * ICRC, any length), and every datagram the peer sends is logged before the link judges it.
  *
  * It does keep just enough responder state to acknowledge the peer's own requests (pingpong
- * servers answer each SEND with one of their own and, without an ACK, retransmit it forever),
- * and a case can switch that off to watch the peer's retransmissions.
+ * servers answer each SEND with one of their own and, without an ACK, retransmit it forever)
+ * and to answer its RDMA READs with zeros (a perftest client reads from us), and a case can
+ * switch that off to watch the peer's retransmissions.
  */
 
 import { ackSyndrome, nakSyndrome, NAK_CODE } from '../wire/aeth.js';
@@ -82,6 +83,8 @@ export class Prober {
   msn = 0;
   /** Acknowledge the peer's requests (see the file comment). */
   autoAck = true;
+  /** Path MTU of the session: how READ responses to the peer are cut. */
+  mtu = 1024;
   /** Requests from the peer we acknowledged, by PSN (the echo counter of the cases). */
   peerRequests: { psn: number; opcode: number; at: number }[] = [];
   private readonly t0 = performance.now();
@@ -216,21 +219,50 @@ export class Prober {
     }
   }
 
-  /** The peer's requests to us: ACK them in order, re-ACK duplicates. */
+  /** The peer's requests to us: ACK them in order (READs: answer them), re-ACK duplicates. */
   private autoRespond(p: RocePacket, info: OpcodeInfo): void {
     if (!info.request || info.transport !== 'RC' || p.bth.destQp !== this.ourQpn) return;
     if (!this.autoAck) return;
+    const read = info.name === 'RC_RDMA_READ_REQUEST';
     const d = psnDiff(p.bth.psn, this.peerPsn);
     if (d === 0) {
-      this.peerPsn = psnAdd(this.peerPsn, 1);
+      // A READ takes one PSN per response packet.
+      const n = read ? this.readPackets(p.reth?.dmaLength ?? 0) : 1;
+      this.peerPsn = psnAdd(this.peerPsn, n);
       if (info.end) this.msn = (this.msn + 1) & 0xffffff;
       if (info.end) this.peerRequests.push({ psn: p.bth.psn, opcode: p.bth.opcode, at: this.now() });
-      if (p.bth.ackReq) this.send(this.ack(p.bth.psn));
+      if (read) this.sendReadResponses(p.bth.psn, p.reth?.dmaLength ?? 0);
+      else if (p.bth.ackReq) this.send(this.ack(p.bth.psn));
     } else if (d < 0) {
-      this.send(this.ack(psnAdd(this.peerPsn, -1)));
+      // Duplicate: a READ is executed again (IBTA C9-112 area), anything else re-ACKed.
+      if (read) this.sendReadResponses(p.bth.psn, p.reth?.dmaLength ?? 0);
+      else this.send(this.ack(psnAdd(this.peerPsn, -1)));
     } else {
       this.send(this.ack(this.peerPsn, nakSyndrome(NAK_CODE.PSN_SEQUENCE_ERROR)));
     }
+  }
+
+  /** Response packets of a READ of `len` bytes. */
+  readPackets(len: number): number {
+    return Math.max(1, Math.ceil(len / this.mtu));
+  }
+
+  /** The READ response packets for a READ at `psn` of `len` bytes (zeros), in order. */
+  readResponses(psn: number, len: number): RocePacket[] {
+    const n = this.readPackets(len);
+    const out: RocePacket[] = [];
+    for (let i = 0; i < n; i++) {
+      const name = n === 1 ? 'RC_RDMA_READ_RESPONSE_ONLY' : i === 0 ? 'RC_RDMA_READ_RESPONSE_FIRST' : i === n - 1 ? 'RC_RDMA_READ_RESPONSE_LAST' : 'RC_RDMA_READ_RESPONSE_MIDDLE';
+      const r = this.request(name, { psn: psnAdd(psn, i), ackReq: false, payload: new Uint8Array(i === n - 1 ? len - i * this.mtu : this.mtu) });
+      // FIRST, LAST and ONLY carry an AETH; MIDDLE does not.
+      if (name !== 'RC_RDMA_READ_RESPONSE_MIDDLE') r.aeth = { syndrome: ackSyndrome(), msn: this.msn };
+      out.push(r);
+    }
+    return out;
+  }
+
+  private sendReadResponses(psn: number, len: number): void {
+    for (const r of this.readResponses(psn, len)) this.send(r);
   }
 
   /** The first packet (from now on, or among those since `since`) that satisfies `pred`. */

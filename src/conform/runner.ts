@@ -90,6 +90,8 @@ export class SessionKeeper {
       try {
         if (restart !== undefined && this.ex.restart) await this.ex.restart(restart);
         const s = await this.ex.connect(this.p.ourQpn, this.p.link.local.address, v);
+        if (s.peerUdpPort !== undefined) this.p.peer.port = s.peerUdpPort;
+        this.p.mtu = s.mtu;
         this.p.resetSession(s.peerQpn, s.ourPsn, s.peerPsn);
         this.session = s;
         this.variantKey = JSON.stringify(v);
