@@ -47,8 +47,6 @@ import {
   rdmaCmServiceId,
   reqPrivateData,
   type CmPath,
-  type CmRep,
-  type CmReq,
 } from './messages.js';
 import type { CmAction, CmState, QpTransition } from './state.js';
 
@@ -190,14 +188,10 @@ export class RdmaCmId extends EventEmitter {
   remotePort = 0;
   /** The CM's local communication ID of this connection (0 before connect/request). */
   connId = 0;
-  /** The Starting PSN our REQ or REP announced: the first PSN our receive queue expects (see onModifyQp). */
+  /** The Starting PSN our REQ or REP announced: the first PSN our receive queue expects (see state.ts). */
   startingPsn = 0;
   private listening: bigint | undefined;
   private peer: CmPeer | undefined;
-  private req: CmReq | undefined;
-  private accepted: { startingPsn: number; initiatorDepth: number } | undefined;
-  private pendingRtr: Extract<QpTransition, { state: 'RTR' }> | undefined;
-  private pendingRts: Extract<QpTransition, { state: 'RTS' }> | undefined;
   private disconnectStatus = 0;
   private disconnectedSent = false;
   private established = false;
@@ -327,21 +321,16 @@ export class RdmaCmId extends EventEmitter {
     const qp = this.qp;
     if (qp === undefined) throw new Error('accept needs a QP: createQp first, or pass qp');
     if (o.privateData && o.privateData.length > CM_PRIVATE_DATA_LEN.REP) throw new Error(`REP private data is at most ${CM_PRIVATE_DATA_LEN.REP} bytes`);
-    const req = this.req!;
-    // The REP's values, as the agent forms them: the RTS at RTR time (onModifyQp) needs them.
-    this.accepted = {
-      startingPsn: (o.startingPsn ?? randomPsn()) & 0xffffff,
-      initiatorDepth: Math.min(o.initiatorDepth ?? req.responderResources, req.responderResources),
-    };
-    this.startingPsn = this.accepted.startingPsn;
+    this.startingPsn = (o.startingPsn ?? randomPsn()) & 0xffffff;
     this.state = 'accepting';
     this.hookCommEst(qp);
-    const accepted = this.accepted;
     this.gsi.run((agent, now) =>
       agent.accept(now, this.connId, {
         localQpn: qp.qpNum,
-        startingPsn: accepted.startingPsn,
-        initiatorDepth: accepted.initiatorDepth,
+        startingPsn: this.startingPsn,
+        // librdmacm's rdma_accept takes the QP to RTS before the REP leaves.
+        rtsOnAccept: true,
+        ...(o.initiatorDepth !== undefined ? { initiatorDepth: o.initiatorDepth } : {}),
         ...(o.privateData ? { privateData: o.privateData } : {}),
         ...(o.responderResources !== undefined ? { responderResources: o.responderResources } : {}),
         ...(o.rnrRetryCount !== undefined ? { rnrRetryCount: o.rnrRetryCount } : {}),
@@ -441,9 +430,6 @@ export class RdmaCmId extends EventEmitter {
       case 'closed':
         this.deliver({ type: 'timewait_exit', id: this, status: 0, privateData: new Uint8Array(0) });
         return;
-      case 'rep':
-        this.onRep(a.rep);
-        return;
       default:
         // mra, disconnect-request: the agent answers them itself (resends later, DREP).
         return;
@@ -451,70 +437,34 @@ export class RdmaCmId extends EventEmitter {
   };
 
   /**
-   * The QP transitions the CM asks for, with the starting PSNs as Linux's CM and rxe use them
-   * (test/fixtures/rxe/rping.pcap): a REQ's or REP's Starting PSN is the PSN its sender's
-   * receive queue expects, so the peer's send queue starts from it. Active: RQ PSN = our REQ's,
-   * SQ PSN = the REP's; passive: RQ PSN = our REP's, SQ PSN = the REQ's. The PSNs are taken
-   * from the REQ and REP themselves, never from the transition.
+   * The QP transitions the CM asks for, applied as they come: the CM agent fills in the PSNs
+   * (a REQ's or REP's Starting PSN is what its sender's receive queue expects; see state.ts)
+   * and the passive side's RTS comes with its RTR, before the REP (accept's rtsOnAccept).
    */
   private onModifyQp(t: QpTransition): void {
     const qp = this.qp;
     if (qp === undefined) return;
-    const req = this.req;
-    const accepted = this.accepted;
-    const passive = req !== undefined && accepted !== undefined;
     switch (t.state) {
       case 'RTR':
-        if (passive) {
-          this.toRtr(qp, t, accepted.startingPsn);
-          // librdmacm's rdma_accept takes the QP to RTS before the REP leaves, so the client's
-          // first request can be answered (an RDMA READ from here included) even if the RTU is
-          // late. The agent's own RTS, on the RTU, then finds it done.
-          modifyQp(qp, {
-            qpState: 'RTS',
-            sqPsn: req.startingPsn,
-            timeout: req.primaryPath.localAckTimeout,
-            retryCnt: req.retryCount,
-            rnrRetry: req.rnrRetryCount,
-            maxRdAtomic: accepted.initiatorDepth,
-          });
-        } else {
-          // Active: held until the REP itself arrives (the next action), which has its PSN.
-          this.pendingRtr = t;
-        }
+        if (qp.state !== 'INIT') return;
+        modifyQp(qp, {
+          qpState: 'RTR',
+          pathMtu: Math.min(t.pathMtu, this.context.device.portMtu) as 256,
+          destQpNum: t.destQpn,
+          rqPsn: t.rqPsn,
+          maxDestRdAtomic: t.maxDestRdAtomic,
+          minRnrTimer: MIN_RNR_TIMER,
+          ahAttr: { dgid: t.remoteGid, port: this.peer!.port },
+        });
         return;
       case 'RTS':
-        if (!passive) this.pendingRts = t;
+        if (qp.state !== 'RTR') return;
+        modifyQp(qp, { qpState: 'RTS', sqPsn: t.sqPsn, timeout: t.timeout, retryCnt: t.retryCnt, rnrRetry: t.rnrRetry, maxRdAtomic: t.maxRdAtomic });
         return;
       case 'ERR':
         this.toErr();
         return;
     }
-  }
-
-  private toRtr(qp: Qp, t: Extract<QpTransition, { state: 'RTR' }>, rqPsn: number): void {
-    modifyQp(qp, {
-      qpState: 'RTR',
-      pathMtu: Math.min(t.pathMtu, this.context.device.portMtu) as 256,
-      destQpNum: t.destQpn,
-      rqPsn,
-      maxDestRdAtomic: t.maxDestRdAtomic,
-      minRnrTimer: MIN_RNR_TIMER,
-      ahAttr: { dgid: t.remoteGid, port: this.peer!.port },
-    });
-  }
-
-  /** Active side, the REP in hand: the held transitions, with the PSNs of the REQ and the REP. */
-  private onRep(rep: CmRep): void {
-    const qp = this.qp;
-    const rtr = this.pendingRtr;
-    const rts = this.pendingRts;
-    this.pendingRtr = undefined;
-    this.pendingRts = undefined;
-    if (qp === undefined || rtr === undefined || qp.state !== 'INIT') return;
-    this.toRtr(qp, rtr, this.startingPsn);
-    if (rts === undefined) return;
-    modifyQp(qp, { qpState: 'RTS', sqPsn: rep.startingPsn, timeout: rts.timeout, retryCnt: rts.retryCnt, rnrRetry: rts.rnrRetry, maxRdAtomic: rts.maxRdAtomic });
   }
 
   private toErr(): void {
@@ -526,7 +476,6 @@ export class RdmaCmId extends EventEmitter {
     if (this.state !== 'listening') return undefined;
     const child = new RdmaCmId(this.channel);
     child.connId = r.connId;
-    child.req = r.req;
     child.peer = r.peer;
     child.state = 'request';
     child.localPort = this.localPort;
