@@ -143,6 +143,18 @@ export interface AcceptOptions {
 
 export interface EventChannelOptions extends GsiOptions {}
 
+export interface ListenOptions {
+  /**
+   * A connect request not accepted or rejected within this many ms is answered with an MRA
+   * (IBTA 12.6.6), so the active side waits the service timeout instead of resending its REQ
+   * and giving up. A REQ repeated before then gets one at once (the agent's own). Default 1000;
+   * 0 or Infinity: only on a repeated REQ.
+   */
+  mraAfterMs?: number;
+  /** The MRA's service timeout (4.096 µs × 2^t). Default 24 (≈69 s), rdma_cm's. */
+  mraServiceTimeout?: number;
+}
+
 /**
  * RNR timer code our QPs put in their RNR NAKs (IBTA table 45: 12 = 0.64 ms), as
  * ibv_rc_pingpong does; rdma_cm's 0 would make a peer wait 655 ms each time.
@@ -191,6 +203,8 @@ export class RdmaCmId extends EventEmitter {
   /** The Starting PSN our REQ or REP announced: the first PSN our receive queue expects (see state.ts). */
   startingPsn = 0;
   private listening: bigint | undefined;
+  private listenOpts: ListenOptions = {};
+  private mraTimer: { cancel(): void } | undefined;
   private peer: CmPeer | undefined;
   private disconnectStatus = 0;
   private disconnectedSent = false;
@@ -241,9 +255,10 @@ export class RdmaCmId extends EventEmitter {
   }
 
   /** rdma_bind_addr + rdma_listen on this device's address. */
-  listen(port: number): void {
+  listen(port: number, opts: ListenOptions = {}): void {
     this.need('listen', 'idle');
     checkPort(port);
+    this.listenOpts = opts;
     const sid = rdmaCmServiceId(port);
     this.gsi.listen(sid, (r) => this.onConnectRequest(r));
     this.listening = sid;
@@ -322,6 +337,7 @@ export class RdmaCmId extends EventEmitter {
     if (qp === undefined) throw new Error('accept needs a QP: createQp first, or pass qp');
     if (o.privateData && o.privateData.length > CM_PRIVATE_DATA_LEN.REP) throw new Error(`REP private data is at most ${CM_PRIVATE_DATA_LEN.REP} bytes`);
     this.startingPsn = (o.startingPsn ?? randomPsn()) & 0xffffff;
+    this.cancelMra();
     this.state = 'accepting';
     this.hookCommEst(qp);
     this.gsi.run((agent, now) =>
@@ -341,6 +357,7 @@ export class RdmaCmId extends EventEmitter {
   /** rdma_reject: REJ with reason 28 (consumer reject) and our private data. */
   reject(privateData?: Uint8Array): void {
     this.need('reject', 'request');
+    this.cancelMra();
     this.gsi.run((agent, now) => agent.reject(now, this.connId, CM_REJ_REASON.CONSUMER_REJECT, privateData));
     this.gsi.unbind(this.connId);
     this.state = 'idle';
@@ -362,6 +379,7 @@ export class RdmaCmId extends EventEmitter {
   destroy(): void {
     if (this.listening !== undefined) this.gsi.unlisten(this.listening);
     this.listening = undefined;
+    this.cancelMra();
     if (this.connId !== 0 && this.state !== 'destroyed') this.disconnect();
     this.state = 'destroyed';
   }
@@ -485,6 +503,7 @@ export class RdmaCmId extends EventEmitter {
     } else {
       child.remoteAddress = r.peer.address;
     }
+    child.armMra(this.listenOpts);
     const req = r.req;
     this.deliver({
       type: 'connect_request',
@@ -523,6 +542,24 @@ export class RdmaCmId extends EventEmitter {
         if (st === 'REP_SENT' || st === 'MRA_REP_RCVD') this.gsi.run((agent, now) => agent.established(now, this.connId));
       });
     };
+  }
+
+  /** Passive, before accept or reject: the MRA of ListenOptions.mraAfterMs. */
+  private armMra(o: ListenOptions): void {
+    const after = o.mraAfterMs ?? 1000;
+    if (!(after > 0) || !Number.isFinite(after)) return;
+    const clock = this.context.device.clock;
+    this.mraTimer = clock.at(clock.now() + after * 1000, () => {
+      this.mraTimer = undefined;
+      // Still undecided, and the agent has not sent one for a repeated REQ already.
+      if (this.state !== 'request' || this.cmState !== 'REQ_RCVD') return;
+      this.gsi.run((agent, now) => agent.mra(now, this.connId, o.mraServiceTimeout ?? 24));
+    });
+  }
+
+  private cancelMra(): void {
+    this.mraTimer?.cancel();
+    this.mraTimer = undefined;
   }
 
   private deliver(ev: RdmaCmEvent): void {

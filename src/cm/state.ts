@@ -132,6 +132,12 @@ export interface CmAgentOptions {
   autoRtu?: boolean;
   /** Answer a DREQ with DREP at once (as rdma_cm does). Default true. */
   autoDrep?: boolean;
+  /**
+   * Service timeout (4.096 µs × 2^t) of the MRA this agent sends by itself when a REQ is
+   * repeated while its consumer has not answered yet (IBTA 12.6.6). Default 24 (≈69 s), what
+   * rdma_cm asks for (CMA_CM_MRA_SETTING).
+   */
+  mraServiceTimeout?: number;
 }
 
 /** What `connect` needs; the defaults are those of rping's REQ (librdmacm over rxe). */
@@ -479,15 +485,27 @@ export class CmAgent<A> {
     }
   }
 
-  private onReq(_now: Micros, tid: bigint, req: CmReq, from: A): CmAction<A>[] {
+  private onReq(now: Micros, tid: bigint, req: CmReq, from: A): CmAction<A>[] {
     // A repeated REQ (our answer was lost or is late): IBTA 12.9.6 / Linux cm_dup_req_handler.
     for (const c of this.conns.values()) {
       if (c.active || c.remoteCommId !== req.localCommId || c.req.localCaGuid !== req.localCaGuid) continue;
-      if (c.state === 'MRA_REQ_SENT' && c.lastReply) return [{ ...enc(c.localCommId), send: c.lastReply, to: c.peer }];
-      if (c.state === 'TIMEWAIT') {
-        return [{ ...enc(c.localCommId), send: this.rejMad(tid, c.localCommId, req.localCommId, CM_MSG_CODE.REQ, CM_REJ_REASON.STALE_CONN), to: from }];
+      switch (c.state) {
+        case 'REQ_RCVD':
+          // The consumer is still deciding and the active side is about to give up: tell it
+          // to wait (IBTA 12.6.6), as Linux's CM does with a delayed MRA.
+          return this.mra(now, c.localCommId, this.opts.mraServiceTimeout ?? 24);
+        case 'MRA_REQ_SENT':
+          return c.lastReply ? [{ ...enc(c.localCommId), send: c.lastReply, to: c.peer }] : [];
+        case 'REP_SENT':
+        case 'MRA_REP_RCVD':
+          // Our REP was lost: send it again now rather than at our own resend timer. The resend
+          // count is not charged (the peer is alive and asking).
+          return c.pending?.mad.msg.kind === 'REP' ? [{ ...enc(c.localCommId), send: c.pending.mad, to: c.peer }] : [];
+        case 'TIMEWAIT':
+          return [{ ...enc(c.localCommId), send: this.rejMad(tid, c.localCommId, req.localCommId, CM_MSG_CODE.REQ, CM_REJ_REASON.STALE_CONN), to: from }];
+        default:
+          return [];
       }
-      return [];
     }
     if (!this.listeners.has(req.serviceId)) {
       // What Linux's CM answers a REQ nobody listens for; rdma_cm reports it as REJECTED, status 8.

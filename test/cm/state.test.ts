@@ -293,6 +293,41 @@ t.test('a repeated REQ while MRA_REQ_SENT is answered with the MRA again', (t) =
   t.end();
 });
 
+t.test('a repeated REQ while the consumer has not answered: the agent sends an MRA itself', (t) => {
+  const w = new Wire({}, { mraServiceTimeout: 22 });
+  const a = connectAndAccept(w, { accept: false });
+  w.run(WAIT20 + 1000);
+  const b = bId(w);
+  t.same(w.kinds(), ['A:REQ', 'A:REQ', 'B:MRA'], 'the first REQ waits for the consumer; the second gets an MRA');
+  t.equal(w.agents.B.state(b), 'MRA_REQ_SENT');
+  const mra = parseCmMad(w.sent[2]!.bytes);
+  t.match(mra.ok && mra.mad.msg, { kind: 'MRA', serviceTimeout: 22, messageMraed: 0 });
+  t.equal(w.agents.A.state(a), 'MRA_REQ_RCVD');
+  // The active side now waits 4.096 µs × 2^22 + 2 × packet life (≈18 s), far past its usual ≈4.8 s.
+  w.run(w.now + cmTimeoutUs(22));
+  t.same(w.kinds('A'), ['A:REQ', 'A:REQ'], 'no REQ resent within the MRA\'s service timeout');
+  t.same(w.eventNames('B'), ['connect-request'], 'the repeated REQ is not a new connection');
+  w.apply('B', w.agents.B.accept(w.now, b, { localQpn: 0x22, startingPsn: 0x200 }));
+  w.run();
+  t.equal(w.agents.A.state(a), 'ESTABLISHED');
+  t.end();
+});
+
+t.test('a repeated REQ after the REP was sent is answered with the REP again, at once', (t) => {
+  const w = new Wire();
+  w.drop = (k, _f, n) => k === 'REP' && n === 0;
+  const a = connectAndAccept(w);
+  w.run(WAIT20 + 1000);
+  t.same(w.kinds().slice(0, 4), ['A:REQ', 'B:REP(lost)', 'A:REQ', 'B:REP']);
+  const reps = w.sent.filter((s) => s.kind === 'REP');
+  t.same(hexOf(reps[1]!.bytes), hexOf(reps[0]!.bytes), 'the same REP, same TransactionID');
+  t.equal(reps[1]!.at, w.sent[2]!.at + LATENCY, 'answered when the REQ arrived, not at B\'s own resend timer');
+  t.equal(w.agents.A.state(a), 'ESTABLISHED');
+  t.equal(w.agents.B.state(bId(w)), 'ESTABLISHED');
+  t.same(w.eventNames('B'), ['connect-request', 'established']);
+  t.end();
+});
+
 t.test('active side: REP held for the consumer, MRA for the REP, then RTU', (t) => {
   const w = new Wire({ autoRtu: false });
   const a = connectAndAccept(w);
