@@ -304,3 +304,142 @@ t.test('IPv6 over ::1: send and get', async (t) => {
   const s = await srv.stop();
   t.match(s.out, /GID ::1/);
 });
+
+// ---------------------------------------------------------------------------------------------
+// --cm: the rendezvous over RDMA CM (QP1 MADs on the RoCE port), no TCP at all.
+
+/** A UDP port free on each of `addrs` now (the kernel picks it on the first). */
+async function freeUdpPort(family: 4 | 6, ...addrs: string[]): Promise<number> {
+  for (;;) {
+    const socks = [];
+    let port = 0;
+    let ok = true;
+    for (const a of addrs) {
+      const s = createSocket(family === 4 ? 'udp4' : 'udp6');
+      socks.push(s);
+      const got = await new Promise<number>((resolve) => {
+        s.once('error', () => resolve(-1));
+        s.bind(port, a, () => resolve(s.address().port));
+      });
+      if (got < 0) {
+        ok = false;
+        break;
+      }
+      port = got;
+    }
+    for (const s of socks) s.close();
+    if (ok) return port;
+  }
+}
+
+let cmPortSeq = 7400;
+
+/** `roce serve --cm` on ADDR:PORT, listening on a fresh rdma_cm port. */
+async function serveCm(dir: string, bind: string, port: number, ...extra: string[]): Promise<Server> {
+  mkdirSync(dir, { recursive: true });
+  const cmPort = cmPortSeq++;
+  const { child, done } = start(['serve', '--cm', '--bind', bind, '--port', String(port), '--oob-port', String(cmPort), '--dir', dir, ...extra]);
+  let log = '';
+  const lines = createInterface({ input: child.stdout! });
+  const line = await new Promise<string>((resolve, reject) => {
+    lines.on('line', (l) => {
+      log += l + '\n';
+      if (l.includes('listening:')) resolve(l);
+    });
+    void done.then((r) => reject(new Error(`serve --cm exited ${r.code}: ${r.err}`)));
+  });
+  t.match(line, new RegExp(`RDMA CM on rdma_cm port ${cmPort}, directory`));
+  return {
+    oobPort: cmPort, dir, child, log: () => log,
+    stop: async () => {
+      child.kill('SIGINT');
+      const r = await done;
+      return { ...r, out: log + r.out };
+    },
+  };
+}
+
+t.test('--cm over IPv4: send by WRITE and SEND and get by READ, --loss 5 both ways, sha256 intact', async (t) => {
+  // Server on 127.0.0.2, clients on 127.0.0.1, both on one UDP port: CM MADs go to the port
+  // the sender itself uses, as on a network where every RoCE stack is on 4791.
+  const port = await freeUdpPort(4, '127.0.0.2', '127.0.0.1');
+  const srv = await serveCm(join(work, 'cm-srv'), '127.0.0.2', port, '--loss', '5', '--seed', '7');
+  const f = makeFile('cm.bin', 5 * MiB + 123);
+  const client = ['--cm', '--oob-port', String(srv.oobPort), '--bind', '127.0.0.1', '--port', String(port)];
+  const w = await roce('send', f.path, '--to', '127.0.0.2', ...client, '--as', 'cm-write.bin');
+  t.equal(w.code, 0, `write: ${w.err}`);
+  t.match(w.out, /send: stored 'cm-write\.bin' on 127\.0\.0\.2:\d+ \(RDMA CM, rdma_cm port \d+\)/);
+  t.match(w.out, /RDMA WRITE_WITH_IMM over RC/);
+  t.equal(sha(join(srv.dir, 'cm-write.bin')), f.sha, 'write: the server\'s copy is intact');
+  const s = await roce('send', f.path, '--to', '127.0.0.2', ...client, '--op', 'send', '--as', 'cm-send.bin', '--loss', '5', '--seed', '3');
+  t.equal(s.code, 0, `send: ${s.err}`);
+  t.match(s.out, /SEND_WITH_IMM over RC/);
+  t.ok(retransmissions(s.out) > 0, `send: retransmissions reported (${retransmissions(s.out)})`);
+  t.equal(sha(join(srv.dir, 'cm-send.bin')), f.sha, 'send: the server\'s copy is intact');
+  const out = join(work, 'cm-back.bin');
+  const g = await roce('get', 'cm-write.bin', '--from', '127.0.0.2', ...client, '--out', out, '--loss', '5', '--seed', String(seedDroppingEarly(5, 5)));
+  t.equal(g.code, 0, `get: ${g.err}`);
+  t.match(g.out, /RDMA READ over RC/);
+  t.equal(sha(out), f.sha, 'get: the downloaded copy is intact');
+  const st = await srv.stop();
+  t.equal(st.code, 0);
+  t.match(st.out, /3 connections, 2 files stored .* 1 served .* 0 failed/);
+  t.match(st.out, /drops by reason: injected loss \(--loss\) \d+/, 'the server dropped some of its own datagrams');
+  t.same(readdirSync(srv.dir).filter((n) => n.startsWith('.')), [], 'no partial files left');
+});
+
+t.test('--cm over IPv6 on ::1: send and get (each side told the other\'s RoCE port)', async (t) => {
+  const probe = createSocket('udp6');
+  const v6 = await new Promise<boolean>((resolve) => {
+    probe.once('error', () => resolve(false));
+    probe.bind(0, '::1', () => resolve(true));
+  });
+  probe.close();
+  if (!v6) {
+    t.plan(0, 'no ::1 on this host');
+    return;
+  }
+  const sp = await freeUdpPort(6, '::1');
+  let cp = await freeUdpPort(6, '::1');
+  while (cp === sp) cp = await freeUdpPort(6, '::1');
+  const srv = await serveCm(join(work, 'cm6-srv'), '::1', sp, '--peer-port', String(cp));
+  const client = ['--cm', '--oob-port', String(srv.oobPort), '--bind', '::1', '--port', String(cp), '--peer-port', String(sp)];
+  const f = makeFile('cm6.bin', 3 * MiB + 5);
+  const r = await roce('send', f.path, '--to', '::1', ...client, '--mtu', '1024');
+  t.equal(r.code, 0, r.err);
+  t.match(r.out, /path MTU 1024/);
+  t.equal(sha(join(srv.dir, 'cm6.bin')), f.sha);
+  const out = join(work, 'cm6-back.bin');
+  const g = await roce('get', 'cm6.bin', '--from', '[::1]', ...client, '--out', out);
+  t.equal(g.code, 0, g.err);
+  t.equal(sha(out), f.sha);
+  const s = await srv.stop();
+  t.equal(s.code, 0);
+  t.match(s.out, /2 connections, 1 files stored .* 1 served/);
+});
+
+t.test('--cm errors: no listener is a REJ (exit 3 at once); a silent peer times out in bounded time (exit 3)', async (t) => {
+  const port = await freeUdpPort(4, '127.0.0.2', '127.0.0.1', '127.0.0.3');
+  const srv = await serveCm(join(work, 'cmerr-srv'), '127.0.0.2', port);
+  const f = makeFile('cmerr.bin', 64 * 1024);
+  // Something bound on 127.0.0.3's RoCE port that never answers a MAD.
+  const silent = createSocket('udp4');
+  await new Promise<void>((r) => silent.bind(port, '127.0.0.3', () => r()));
+  t.teardown(() => silent.close());
+  const client = ['--cm', '--bind', '127.0.0.1', '--port', String(port)];
+  const noListener = await roce('send', f.path, '--to', '127.0.0.2', ...client, '--oob-port', String(srv.oobPort + 1000));
+  t.equal(noListener.code, 3, `no listener: exit 3 (${noListener.err})`);
+  t.match(noListener.err, new RegExp(`cannot reach 127\\.0\\.0\\.2 rdma_cm port ${srv.oobPort + 1000}: no rdma_cm listener there \\(REJ reason 8, Invalid Service ID`));
+  oneLine(t, noListener, 'send');
+  t.ok(noListener.ms < 8000, `the REJ ends it at once (${noListener.ms} ms)`);
+  const quiet = await roce('get', 'x.bin', '--from', '127.0.0.3', ...client, '--oob-port', String(srv.oobPort), '--out', join(work, 'x'), '--timeout', '2');
+  t.equal(quiet.code, 3, `silent peer: exit 3 (${quiet.err})`);
+  t.match(quiet.err, /cannot reach 127\.0\.0\.3 rdma_cm port \d+: no answer from its RDMA CM within 2 s \(REQ sent 4 times\)/);
+  oneLine(t, quiet, 'get');
+  t.ok(quiet.ms >= 1000 && quiet.ms < 10_000, `gave up after the REQ's retries, in bounded time (${quiet.ms} ms)`);
+  const usage = await roce('send', f.path, '--to', '127.0.0.2', '--peer-port', '4791');
+  t.equal(usage.code, 2);
+  t.match(usage.err, /--peer-port only makes sense with --cm/);
+  await srv.stop();
+  t.same(readdirSync(srv.dir), [], 'nothing was stored');
+});
