@@ -28,6 +28,10 @@
  * (passive) takes it to RTR and RTS with the path of the REQ: the peer's GID (its IP address),
  * the PSNs, path MTU, responder resources and initiator depth, ACK timeout and retry counts; a
  * disconnect takes it to ERR.
+ *
+ * A listener whose application takes its time over a `connect_request` answers the REQ with an
+ * MRA after `ListenOptions.mraAfterMs` (default 1 s), and the CM agent answers a repeated REQ
+ * with one at once, so the active side waits instead of giving up (IBTA 12.6.6).
  */
 
 import { randomBytes, randomInt } from 'node:crypto';
