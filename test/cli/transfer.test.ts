@@ -139,17 +139,12 @@ t.test('demo: a small run end to end, then roce explain on its capture', async (
 t.test('npm run demo, end to end: build, 64 MiB WRITE between two processes, sha256, pcap, how to open it', async (t) => {
   // `npm run demo` is `npm run build && node dist/src/cli/main.js demo`. Its build must not
   // rewrite the dist/ that the tests running beside this one import, so it runs in a copy of
-  // the sources (node_modules linked), where it builds a dist/ of its own.
+  // the package (node_modules linked), where it builds a dist/ of its own. Only src/ is copied:
+  // the demo needs nothing else, and tsc has a third less to compile.
   const tree = join(work, 'npm-demo');
-  const keep = (src: string): boolean => {
-    const rel = src.slice(ROOT.length + 1);
-    if (rel === '') return true;
-    const top = rel.split('/')[0]!;
-    if (!['src', 'test', 'bench', 'interop', 'package.json', 'tsconfig.json'].includes(top)) return false;
-    if (rel.includes('/.cache') || rel.includes('/out') || rel.includes('node_modules')) return false;
-    return statSync(src).isDirectory() || src.endsWith('.ts') || src.endsWith('.json');
-  };
-  cpSync(ROOT, tree, { recursive: true, filter: keep });
+  mkdirSync(tree);
+  cpSync(join(ROOT, 'src'), join(tree, 'src'), { recursive: true });
+  for (const f of ['package.json', 'tsconfig.json']) cpSync(join(ROOT, f), join(tree, f));
   symlinkSync(join(ROOT, 'node_modules'), join(tree, 'node_modules'));
   const dir = join(work, 'npm-demo-out');
   const t0 = Date.now();
