@@ -28,6 +28,7 @@ import {
 import type { MemoryRegion } from '../core/mr.js';
 import { ACCESS, type MtuValue, type SendWr, type WorkCompletion } from '../core/types.js';
 import { gidToString } from '../oob/common.js';
+import { CmConnectError, connectCm, listenCm, type CmListener, type MessageChannel } from './cm-channel.js';
 import { bindError, hostPort, MTUS } from './endpoint.js';
 import { serveProbe } from './probe.js';
 import {
@@ -282,6 +283,11 @@ export interface ServerOptions {
   /** How long a client may stay silent mid-exchange, ms. */
   timeoutMs?: number;
   log: (line: string) => void;
+  /**
+   * Rendezvous over RDMA CM instead of TCP (cm-channel.ts): `oobPort` is then the rdma_cm port
+   * (0: 18515 is not chosen for you; pass one). `peerPort`: peers' RoCE UDP port, default ours.
+   */
+  cm?: { peerPort?: number };
 }
 
 export interface ServerStats {
@@ -301,9 +307,9 @@ export class TransferServer {
   readonly pd: Pd;
   private closing = false;
 
-  private constructor(readonly opts: Required<ServerOptions>, private readonly server: net.Server) {
+  private constructor(readonly opts: Required<Omit<ServerOptions, 'cm'>>, private readonly server: net.Server | CmListener) {
     this.pd = allocPd(opts.ctx);
-    server.on('connection', (s) => this.accept(s));
+    if (server instanceof net.Server) server.on('connection', (s) => this.accept(s));
   }
 
   static async start(o: ServerOptions): Promise<TransferServer> {
@@ -311,6 +317,18 @@ export class TransferServer {
       throw new TransferError('input', `cannot use directory ${o.dir}: ${ioMessage(e)}`);
     });
     if (!dirStat.isDirectory()) throw new TransferError('input', `${o.dir} is not a directory`);
+    const opts = { chunkSize: DEFAULT_CHUNK_BYTES, slots: DEFAULT_SLOTS, reserveBytes: 0, timeoutMs: 30_000, ...o };
+    if (o.cm !== undefined) {
+      let srv: TransferServer | undefined;
+      let listener: CmListener;
+      try {
+        listener = listenCm(o.ctx, o.oobPort, (ch, peer) => srv?.acceptChannel(ch, peer), o.cm.peerPort);
+      } catch (e) {
+        throw new TransferError('input', `cannot listen on rdma_cm port ${o.oobPort}: ${(e as Error).message}`);
+      }
+      srv = new TransferServer(opts, listener);
+      return srv;
+    }
     const server = net.createServer();
     server.listen({ host: o.oobAddress, port: o.oobPort, exclusive: true });
     try {
@@ -318,14 +336,12 @@ export class TransferServer {
     } catch (e) {
       throw bindError(e, o.oobAddress, o.oobPort, 'TCP');
     }
-    return new TransferServer(
-      { chunkSize: DEFAULT_CHUNK_BYTES, slots: DEFAULT_SLOTS, reserveBytes: 0, timeoutMs: 30_000, ...o },
-      server,
-    );
+    return new TransferServer(opts, server);
   }
 
+  /** The out-of-band TCP port, or the rdma_cm port with `cm`. */
   get oobPort(): number {
-    return (this.server.address() as net.AddressInfo).port;
+    return this.server instanceof net.Server ? (this.server.address() as net.AddressInfo).port : this.server.port;
   }
 
   get activeSessions(): number {
@@ -337,7 +353,17 @@ export class TransferServer {
       socket.destroy();
       return;
     }
-    const s = new ServerSession(this, socket);
+    const peer = hostPort(socket.remoteAddress ?? '?', socket.remotePort ?? 0);
+    this.acceptChannel(new Channel(socket, `client ${peer}`), peer);
+  }
+
+  /** A client whose control channel is up (TCP, or an RDMA CM connection). */
+  acceptChannel(ch: MessageChannel, peer: string): void {
+    if (this.closing) {
+      ch.close();
+      return;
+    }
+    const s = new ServerSession(this, ch, peer);
     this.sessions.add(s);
     this.stats.clients++;
     s.run().finally(() => this.sessions.delete(s));
@@ -346,7 +372,8 @@ export class TransferServer {
   /** Stops listening, aborts every session (their partial files are removed) and waits for them. */
   async close(): Promise<void> {
     this.closing = true;
-    const closed = new Promise<void>((r) => this.server.close(() => r()));
+    const server = this.server;
+    const closed = server instanceof net.Server ? new Promise<void>((r) => server.close(() => r())) : server.close();
     await Promise.all([...this.sessions].map((s) => s.abort('the server is shutting down')));
     await closed;
   }
@@ -356,8 +383,6 @@ export class TransferServer {
 class EndSession extends Error {}
 
 class ServerSession {
-  private readonly ch: Channel;
-  private readonly peer: string;
   private rdma: Rdma | undefined;
   private mr: MemoryRegion | undefined;
   private partial: string | undefined;
@@ -366,10 +391,7 @@ class ServerSession {
   private pendingMsg: Promise<Message> | undefined;
   private finished: Promise<void> | undefined;
 
-  constructor(private readonly srv: TransferServer, socket: net.Socket) {
-    this.peer = hostPort(socket.remoteAddress ?? '?', socket.remotePort ?? 0);
-    this.ch = new Channel(socket, `client ${this.peer}`);
-  }
+  constructor(private readonly srv: TransferServer, private readonly ch: MessageChannel, private readonly peer: string) {}
 
   private log(line: string): void {
     this.srv.opts.log(`${this.peer}: ${line}`);
@@ -638,6 +660,11 @@ export interface ClientOptions {
   /** Called once the QPs are connected, with the path MTU. */
   onConnected?: (info: { mtu: number; local: QpInfo; remote: QpInfo }) => void;
   signal?: AbortSignal;
+  /**
+   * Rendezvous over RDMA CM instead of TCP (cm-channel.ts): `oobPort` is the server's rdma_cm
+   * port. `peerRocePort`: the server's RoCE UDP port, default ours (4791 on a network).
+   */
+  cm?: { peerRocePort?: number };
 }
 
 export interface SendOptions extends ClientOptions {
@@ -695,15 +722,14 @@ function clientError(e: unknown, signal?: AbortSignal): TransferError {
 }
 
 interface Session {
-  ch: Channel;
+  ch: MessageChannel;
   rdma: Rdma;
   mtu: number;
 }
 
 async function openSession(o: ClientOptions, pd: Pd, slots: number): Promise<Session> {
   const timeout = o.timeoutMs ?? DEFAULT_TIMEOUT_MS;
-  const socket = await connectTcp(o.host, o.oobPort, timeout, o.signal);
-  const ch = new Channel(socket, `the server at ${hostPort(o.host, o.oobPort)}`);
+  const ch = o.cm !== undefined ? await openCmChannel(o, timeout) : new Channel(await connectTcp(o.host, o.oobPort, timeout, o.signal), `the server at ${hostPort(o.host, o.oobPort)}`);
   const rdma = createRdma(o.ctx, pd, slots);
   try {
     const local = qpInfo(rdma);
@@ -716,6 +742,19 @@ async function openSession(o: ClientOptions, pd: Pd, slots: number): Promise<Ses
   } catch (e) {
     ch.close();
     releaseRdma(rdma, []);
+    throw e;
+  }
+}
+
+async function openCmChannel(o: ClientOptions, timeoutMs: number): Promise<MessageChannel> {
+  try {
+    return await connectCm({
+      ctx: o.ctx, host: o.host, port: o.oobPort, timeoutMs,
+      ...(o.cm?.peerRocePort !== undefined ? { peerRocePort: o.cm.peerRocePort } : {}),
+      ...(o.signal !== undefined ? { signal: o.signal } : {}),
+    });
+  } catch (e) {
+    if (e instanceof CmConnectError) throw new TransferError(e.kind === 'interrupted' ? 'interrupted' : 'peer', e.message);
     throw e;
   }
 }
@@ -822,7 +861,7 @@ export async function sendFile(o: SendOptions): Promise<TransferResult> {
     pipe?.stop();
     await fh.close().catch(() => undefined);
     if (session) {
-      session.ch.close();
+      await session.ch.close();
       releaseRdma(session.rdma, [mr]);
     } else if (mr) deregMr(mr);
   }
@@ -940,7 +979,7 @@ export async function getFile(o: GetOptions): Promise<TransferResult> {
     await fh?.close().catch(() => undefined);
     if (!kept) await unlink(partial).catch(() => undefined);
     if (session) {
-      session.ch.close();
+      await session.ch.close();
       releaseRdma(session.rdma, [mr]);
     } else if (mr) deregMr(mr);
   }

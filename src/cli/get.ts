@@ -1,12 +1,12 @@
 /**
  * `roce get REMOTE_NAME --from HOST --out FILE [--mtu 256..4096] [--capture FILE.pcap]
- *  [--cc dcqcn|none] [--loss PCT --seed N] [--trace] [--oob-port 18515] [--bind ADDR] [--port N]
- *  [--timeout SEC] [--snaplen BYTES]`
+ *  [--cc dcqcn|none] [--loss PCT --seed N] [--trace] [--oob-port 18515] [--cm [--peer-port 4791]]
+ *  [--bind ADDR] [--port N] [--timeout SEC] [--snaplen BYTES]`
  *
  * Downloads REMOTE_NAME from a `roce serve` on HOST by RDMA READ: the server stages the file
  * chunk by chunk in a registered window and the client reads each chunk when told it is there.
  * The file lands as .FILE.partial next to FILE and is renamed only once its sha256 matches the
- * server's. Exit codes: see send.ts.
+ * server's. --cm: rendezvous over RDMA CM instead of TCP, as for send. Exit codes: see send.ts.
  */
 
 import { getFile } from '../app/transfer.js';
@@ -15,7 +15,7 @@ import { CLIENT_ARG_OPTIONS, parseClientArgs, parseCommandArgs, runClient } from
 
 export const GET_USAGE =
   'roce get REMOTE_NAME --from HOST --out FILE [--mtu 256..4096] [--capture FILE.pcap] [--cc dcqcn|none] ' +
-  '[--loss PCT --seed N] [--trace] [--oob-port 18515] [--bind ADDR] [--port N] [--timeout SEC] [--snaplen BYTES]';
+  '[--loss PCT --seed N] [--trace] [--oob-port 18515] [--cm [--peer-port 4791]] [--bind ADDR] [--port N] [--timeout SEC] [--snaplen BYTES]';
 
 export async function getCommand(argv: string[], _out: (line: string) => void): Promise<number> {
   const { values, positionals } = parseCommandArgs(argv, {

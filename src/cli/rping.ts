@@ -34,7 +34,7 @@ import { TraceLink } from '../link/trace.js';
 import { UdpLink } from '../link/udp.js';
 
 export const RPING_USAGE =
-  'roce rping -s|-c [-a ADDR] [-I ADDR] [-p PORT] [-C COUNT] [-S SIZE] [-v] [-V] [-d] [--roce-port N] [--peer-roce-port N] [--trace]';
+  'roce rping -s|-c [-a ADDR] [-I ADDR] [-p PORT] [-C COUNT] [-S SIZE] [-v] [-V] [-d] [--roce-port N] [--peer-roce-port N] [--accept-delay MS] [--trace]';
 
 /** rping's default rdma_cm port. */
 export const RPING_PORT = 7174;
@@ -88,6 +88,11 @@ export interface RpingOptions {
   err?: (line: string) => void;
   /** Called once the server listens (after rdma_listen). */
   onListening?: () => void;
+  /**
+   * Server: wait this long before rdma_accept (a slow application). The listener answers the
+   * REQ with an MRA after 1 s (IBTA 12.6.6), so the client keeps waiting. Default 0.
+   */
+  acceptDelayMs?: number;
 }
 
 export interface RpingResult {
@@ -224,8 +229,12 @@ export async function runRping(o: RpingOptions): Promise<RpingResult> {
     debug(`child cma ${child.remoteAddress}:${child.remotePort}`);
     const cb = setup(child, true);
     cb.state = S.CONNECT_REQUEST;
+    if ((o.acceptDelayMs ?? 0) > 0) {
+      debug(`delaying rdma_accept by ${o.acceptDelayMs} ms`);
+      await new Promise((r) => setTimeout(r, o.acceptDelayMs));
+    }
     debug('accepting client connection request');
-    const established = child.waitFor('established', stepMs);
+    const established = child.waitFor('established', stepMs + (o.acceptDelayMs ?? 0));
     child.accept();
     debug(`rdma_accept: qpn 0x${cb.qp.qpNum.toString(16)} psn 0x${child.startingPsn.toString(16)}`);
     try {
@@ -523,6 +532,7 @@ export async function rpingCommand(argv: string[]): Promise<number> {
       d: { type: 'boolean', short: 'd' },
       'roce-port': { type: 'string' },
       'peer-roce-port': { type: 'string' },
+      'accept-delay': { type: 'string' },
       trace: { type: 'boolean' },
     },
   });
@@ -557,6 +567,11 @@ export async function rpingCommand(argv: string[]): Promise<number> {
   if (values.I !== undefined) o.source = normalizeAddress(values.I)!;
   const peer = int('--peer-roce-port', values['peer-roce-port'], 1, 65535);
   if (peer !== undefined) o.peerRocePort = peer;
+  const delay = int('--accept-delay', values['accept-delay'], 0, 600_000);
+  if (delay !== undefined) {
+    if (!server) throw new CliError('--accept-delay MS is for the server (-s)');
+    o.acceptDelayMs = delay;
+  }
   const r = await runRping(o);
   return r.code;
 }

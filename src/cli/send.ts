@@ -1,7 +1,13 @@
 /**
  * `roce send FILE --to HOST [--op write|send] [--as NAME] [--mtu 256..4096] [--capture FILE.pcap]
- *  [--cc dcqcn|none] [--loss PCT --seed N] [--trace] [--oob-port 18515] [--bind ADDR] [--port N]
- *  [--timeout SEC] [--snaplen BYTES]`
+ *  [--cc dcqcn|none] [--loss PCT --seed N] [--trace] [--oob-port 18515] [--cm [--peer-port 4791]]
+ *  [--bind ADDR] [--port N] [--timeout SEC] [--snaplen BYTES]`
+ *
+ * Rendezvous: by default a TCP connection to --oob-port carries the out-of-band exchange
+ * (protocol.ts). With --cm it is an RDMA CM connection instead (cm-channel.ts): a REQ on QP1 to
+ * the server's RoCE UDP port (--peer-port, default our own --port, which --cm makes 4791) for
+ * rdma_cm port --oob-port; no TCP at all. A missing listener is a REJ (exit 3, at once); a
+ * silent peer gets the REQ four times over about --timeout seconds (exit 3).
  *
  * Uploads FILE to a `roce serve` on HOST over an RC QP: the file streams through a registered
  * window in chunks, each moved by RDMA WRITE_WITH_IMM (default) or SEND_WITH_IMM; the server
@@ -35,7 +41,7 @@ import { fmtRate, linePrinter, Progress, type Printer } from './progress.js';
 
 export const SEND_USAGE =
   'roce send FILE --to HOST [--op write|send] [--as NAME] [--mtu 256..4096] [--capture FILE.pcap] [--cc dcqcn|none] ' +
-  '[--loss PCT --seed N] [--trace] [--oob-port 18515] [--bind ADDR] [--port N] [--timeout SEC] [--snaplen BYTES]';
+  '[--loss PCT --seed N] [--trace] [--oob-port 18515] [--cm [--peer-port 4791]] [--bind ADDR] [--port N] [--timeout SEC] [--snaplen BYTES]';
 
 /** Exit code for data that arrived with the wrong sha256. */
 export const EXIT_INTEGRITY = EXIT.FINDINGS;
@@ -45,7 +51,10 @@ export const CLIENT_ARG_OPTIONS = {
   mtu: { type: 'string', default: '4096' },
   'oob-port': { type: 'string', default: String(DEFAULT_OOB_PORT) },
   bind: { type: 'string' },
-  port: { type: 'string', default: '0' },
+  // Default 0 (any), or 4791 with --cm: RDMA CM peers answer on the RoCE port.
+  port: { type: 'string' },
+  cm: { type: 'boolean', default: false },
+  'peer-port': { type: 'string' },
   capture: { type: 'string' },
   snaplen: { type: 'string' },
   cc: { type: 'string', default: 'none' },
@@ -72,6 +81,8 @@ export interface ClientCli extends EndpointCli {
   host: string;
   oobPort: number;
   bind?: string;
+  /** Rendezvous over RDMA CM (oobPort is the rdma_cm port); the server's RoCE UDP port if not ours. */
+  cm?: { peerRocePort?: number };
 }
 
 type Values = Record<string, string | boolean | undefined>;
@@ -124,9 +135,12 @@ export function parseEndpointArgs(v: Values): EndpointCli {
 
 export function parseClientArgs(v: Values, hostFlag: '--to' | '--from', host: string | undefined): ClientCli {
   if (host === undefined || host === '') throw new CliError(`${hostFlag} HOST is required`, EXIT.USAGE);
-  const e = parseEndpointArgs(v);
+  const cm = v['cm'] === true;
+  const e = parseEndpointArgs({ ...v, port: v['port'] ?? (cm ? '4791' : '0') });
   const c: ClientCli = { ...e, host, oobPort: intArg(v['oob-port'], '--oob-port', 1, 65535) };
   if (typeof v['bind'] === 'string') c.bind = v['bind'];
+  if (v['peer-port'] !== undefined && !cm) throw new CliError('--peer-port only makes sense with --cm', EXIT.USAGE);
+  if (cm) c.cm = v['peer-port'] !== undefined ? { peerRocePort: intArg(v['peer-port'], '--peer-port', 1, 65535) } : {};
   return c;
 }
 
@@ -193,7 +207,7 @@ export async function runClient(c: ClientRun): Promise<number> {
     const local = c.cli.bind ?? (await localAddressFor(host).catch(() => (host.includes(':') ? '::' : '0.0.0.0')));
     const endpoint = await openCliEndpoint(local, c.cli, p);
     ep = endpoint;
-    const where = hostPort(host, c.cli.oobPort);
+    const where = c.cli.cm !== undefined ? `${hostPort(host, c.cli.cm.peerRocePort ?? endpoint.ctx.port)} (RDMA CM, rdma_cm port ${c.cli.oobPort})` : hostPort(host, c.cli.oobPort);
     p.line(`${c.verb}: ${c.what} ${c.verb === 'send' ? 'to' : 'from'} ${where} (RoCEv2 from ${hostPort(endpoint.ctx.address, endpoint.ctx.port)})`);
     if (c.cli.lossPct !== undefined) p.line(`${c.verb}: dropping ${c.cli.lossPct}% of our outgoing datagrams (seed ${c.cli.seed})`);
     const tty = process.stdout.isTTY === true && !c.cli.trace;
@@ -201,6 +215,7 @@ export async function runClient(c: ClientRun): Promise<number> {
     const result = await withInterrupt((signal) =>
       c.run({
         ctx: endpoint.ctx, host, oobPort: c.cli.oobPort, timeoutMs: c.cli.timeoutMs, signal,
+        ...(c.cli.cm !== undefined ? { cm: c.cli.cm } : {}),
         onConnected: (info) => {
           mtu = info.mtu;
           p.line(`${c.verb}: connected: QP 0x${info.local.qpn.toString(16)} ↔ ${hostPort(info.remote.address, info.remote.port)} QP 0x${info.remote.qpn.toString(16)}, path MTU ${info.mtu}`);

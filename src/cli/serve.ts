@@ -1,7 +1,11 @@
 /**
  * `roce serve --bind ADDR [--port 4791] [--dir DIR] [--oob-port 18515] [--mtu 256..4096]
  *  [--trace] [--capture FILE.pcap] [--snaplen BYTES] [--loss PCT --seed N] [--cc dcqcn|none]
- *  [--reserve BYTES] [--timeout SEC]`
+ *  [--reserve BYTES] [--timeout SEC] [--cm [--peer-port N]]`
+ *
+ * --cm: clients connect through RDMA CM (cm-channel.ts) instead of TCP: the server listens on
+ * rdma_cm port --oob-port (service ID 0x0000000001060000 + port) of its RoCE device, and answers
+ * peers' CM MADs on their RoCE UDP port (--peer-port, default its own --port: 4791 on a network).
  *
  * Stores files that `roce send` uploads into DIR and serves DIR's files to `roce get`, for any
  * number of clients at once: one device on ADDR:PORT (UDP), one RC QP per client connection
@@ -22,7 +26,7 @@ import { exitCodeOf, openCliEndpoint, parseCommandArgs, parseEndpointArgs } from
 
 export const SERVE_USAGE =
   'roce serve --bind ADDR [--port 4791] [--dir DIR] [--oob-port 18515] [--mtu 256..4096] [--trace] [--capture FILE.pcap] ' +
-  '[--snaplen BYTES] [--loss PCT --seed N] [--cc dcqcn|none] [--reserve BYTES] [--timeout SEC]';
+  '[--snaplen BYTES] [--loss PCT --seed N] [--cc dcqcn|none] [--reserve BYTES] [--timeout SEC] [--cm [--peer-port N]]';
 
 export async function serveCommand(argv: string[], _out: (line: string) => void): Promise<number> {
   const { values, positionals } = parseCommandArgs(argv, {
@@ -39,6 +43,8 @@ export async function serveCommand(argv: string[], _out: (line: string) => void)
     cc: { type: 'string', default: 'none' },
     reserve: { type: 'string', default: '0' },
     timeout: { type: 'string', default: '30' },
+    cm: { type: 'boolean', default: false },
+    'peer-port': { type: 'string' },
   }, SERVE_USAGE);
   if (positionals.length > 0) throw new CliError(`unexpected argument '${positionals[0]}'; usage: ${SERVE_USAGE}`, EXIT.USAGE);
   const bind = values['bind'];
@@ -49,6 +55,14 @@ export async function serveCommand(argv: string[], _out: (line: string) => void)
   const reserve = Number(values['reserve']);
   if (!Number.isSafeInteger(reserve) || reserve < 0) throw new CliError(`--reserve must be a byte count, not '${String(values['reserve'])}'`, EXIT.USAGE);
   const dir = values['dir'] as string;
+  const cm = values['cm'] === true;
+  if (cm && oobPort === 0) throw new CliError('--cm needs a fixed --oob-port (the rdma_cm port clients connect to)', EXIT.USAGE);
+  let peerPort: number | undefined;
+  if (values['peer-port'] !== undefined) {
+    if (!cm) throw new CliError('--peer-port only makes sense with --cm', EXIT.USAGE);
+    peerPort = Number(values['peer-port']);
+    if (!Number.isInteger(peerPort) || peerPort < 1 || peerPort > 65535) throw new CliError(`--peer-port must be a UDP port, not '${String(values['peer-port'])}'`, EXIT.USAGE);
+  }
 
   const p = linePrinter();
   const ep = await openCliEndpoint(bind, e, p);
@@ -57,6 +71,7 @@ export async function serveCommand(argv: string[], _out: (line: string) => void)
     server = await TransferServer.start({
       ctx: ep.ctx, dir, oobAddress: bind, oobPort, reserveBytes: reserve, timeoutMs: e.timeoutMs,
       log: (l) => p.line(`serve: ${l}`),
+      ...(cm ? { cm: peerPort !== undefined ? { peerPort } : {} } : {}),
     });
   } catch (err) {
     await ep.close();
@@ -65,7 +80,7 @@ export async function serveCommand(argv: string[], _out: (line: string) => void)
     throw err;
   }
   p.line(`serve: listening: RoCEv2 UDP ${hostPort(ep.ctx.address, ep.ctx.port)} (GID ${gidToString(ep.ctx.gid)}, MTU ${ep.ctx.queryPort().activeMtu}), ` +
-    `out-of-band TCP ${hostPort(bind, server.oobPort)}, directory ${dir}`);
+    (cm ? `RDMA CM on rdma_cm port ${server.oobPort}` : `out-of-band TCP ${hostPort(bind, server.oobPort)}`) + `, directory ${dir}`);
   if (e.lossPct !== undefined) p.line(`serve: dropping ${e.lossPct}% of our outgoing datagrams (seed ${e.seed})`);
   p.line('serve: Ctrl-C to stop');
   p.flush();

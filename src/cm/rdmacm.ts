@@ -28,6 +28,10 @@
  * (passive) takes it to RTR and RTS with the path of the REQ: the peer's GID (its IP address),
  * the PSNs, path MTU, responder resources and initiator depth, ACK timeout and retry counts; a
  * disconnect takes it to ERR.
+ *
+ * A listener whose application takes its time over a `connect_request` answers the REQ with an
+ * MRA after `ListenOptions.mraAfterMs` (default 1 s), and the CM agent answers a repeated REQ
+ * with one at once, so the active side waits instead of giving up (IBTA 12.6.6).
  */
 
 import { randomBytes, randomInt } from 'node:crypto';
@@ -47,8 +51,6 @@ import {
   rdmaCmServiceId,
   reqPrivateData,
   type CmPath,
-  type CmRep,
-  type CmReq,
 } from './messages.js';
 import type { CmAction, CmState, QpTransition } from './state.js';
 
@@ -145,6 +147,18 @@ export interface AcceptOptions {
 
 export interface EventChannelOptions extends GsiOptions {}
 
+export interface ListenOptions {
+  /**
+   * A connect request not accepted or rejected within this many ms is answered with an MRA
+   * (IBTA 12.6.6), so the active side waits the service timeout instead of resending its REQ
+   * and giving up. A REQ repeated before then gets one at once (the agent's own). Default 1000;
+   * 0 or Infinity: only on a repeated REQ.
+   */
+  mraAfterMs?: number;
+  /** The MRA's service timeout (4.096 µs × 2^t). Default 24 (≈69 s), rdma_cm's. */
+  mraServiceTimeout?: number;
+}
+
 /**
  * RNR timer code our QPs put in their RNR NAKs (IBTA table 45: 12 = 0.64 ms), as
  * ibv_rc_pingpong does; rdma_cm's 0 would make a peer wait 655 ms each time.
@@ -190,14 +204,12 @@ export class RdmaCmId extends EventEmitter {
   remotePort = 0;
   /** The CM's local communication ID of this connection (0 before connect/request). */
   connId = 0;
-  /** The Starting PSN our REQ or REP announced: the first PSN our receive queue expects (see onModifyQp). */
+  /** The Starting PSN our REQ or REP announced: the first PSN our receive queue expects (see state.ts). */
   startingPsn = 0;
   private listening: bigint | undefined;
+  private listenOpts: ListenOptions = {};
+  private mraTimer: { cancel(): void } | undefined;
   private peer: CmPeer | undefined;
-  private req: CmReq | undefined;
-  private accepted: { startingPsn: number; initiatorDepth: number } | undefined;
-  private pendingRtr: Extract<QpTransition, { state: 'RTR' }> | undefined;
-  private pendingRts: Extract<QpTransition, { state: 'RTS' }> | undefined;
   private disconnectStatus = 0;
   private disconnectedSent = false;
   private established = false;
@@ -247,9 +259,10 @@ export class RdmaCmId extends EventEmitter {
   }
 
   /** rdma_bind_addr + rdma_listen on this device's address. */
-  listen(port: number): void {
+  listen(port: number, opts: ListenOptions = {}): void {
     this.need('listen', 'idle');
     checkPort(port);
+    this.listenOpts = opts;
     const sid = rdmaCmServiceId(port);
     this.gsi.listen(sid, (r) => this.onConnectRequest(r));
     this.listening = sid;
@@ -327,21 +340,17 @@ export class RdmaCmId extends EventEmitter {
     const qp = this.qp;
     if (qp === undefined) throw new Error('accept needs a QP: createQp first, or pass qp');
     if (o.privateData && o.privateData.length > CM_PRIVATE_DATA_LEN.REP) throw new Error(`REP private data is at most ${CM_PRIVATE_DATA_LEN.REP} bytes`);
-    const req = this.req!;
-    // The REP's values, as the agent forms them: the RTS at RTR time (onModifyQp) needs them.
-    this.accepted = {
-      startingPsn: (o.startingPsn ?? randomPsn()) & 0xffffff,
-      initiatorDepth: Math.min(o.initiatorDepth ?? req.responderResources, req.responderResources),
-    };
-    this.startingPsn = this.accepted.startingPsn;
+    this.startingPsn = (o.startingPsn ?? randomPsn()) & 0xffffff;
+    this.cancelMra();
     this.state = 'accepting';
     this.hookCommEst(qp);
-    const accepted = this.accepted;
     this.gsi.run((agent, now) =>
       agent.accept(now, this.connId, {
         localQpn: qp.qpNum,
-        startingPsn: accepted.startingPsn,
-        initiatorDepth: accepted.initiatorDepth,
+        startingPsn: this.startingPsn,
+        // librdmacm's rdma_accept takes the QP to RTS before the REP leaves.
+        rtsOnAccept: true,
+        ...(o.initiatorDepth !== undefined ? { initiatorDepth: o.initiatorDepth } : {}),
         ...(o.privateData ? { privateData: o.privateData } : {}),
         ...(o.responderResources !== undefined ? { responderResources: o.responderResources } : {}),
         ...(o.rnrRetryCount !== undefined ? { rnrRetryCount: o.rnrRetryCount } : {}),
@@ -352,6 +361,7 @@ export class RdmaCmId extends EventEmitter {
   /** rdma_reject: REJ with reason 28 (consumer reject) and our private data. */
   reject(privateData?: Uint8Array): void {
     this.need('reject', 'request');
+    this.cancelMra();
     this.gsi.run((agent, now) => agent.reject(now, this.connId, CM_REJ_REASON.CONSUMER_REJECT, privateData));
     this.gsi.unbind(this.connId);
     this.state = 'idle';
@@ -373,6 +383,7 @@ export class RdmaCmId extends EventEmitter {
   destroy(): void {
     if (this.listening !== undefined) this.gsi.unlisten(this.listening);
     this.listening = undefined;
+    this.cancelMra();
     if (this.connId !== 0 && this.state !== 'destroyed') this.disconnect();
     this.state = 'destroyed';
   }
@@ -441,9 +452,6 @@ export class RdmaCmId extends EventEmitter {
       case 'closed':
         this.deliver({ type: 'timewait_exit', id: this, status: 0, privateData: new Uint8Array(0) });
         return;
-      case 'rep':
-        this.onRep(a.rep);
-        return;
       default:
         // mra, disconnect-request: the agent answers them itself (resends later, DREP).
         return;
@@ -451,70 +459,34 @@ export class RdmaCmId extends EventEmitter {
   };
 
   /**
-   * The QP transitions the CM asks for, with the starting PSNs as Linux's CM and rxe use them
-   * (test/fixtures/rxe/rping.pcap): a REQ's or REP's Starting PSN is the PSN its sender's
-   * receive queue expects, so the peer's send queue starts from it. Active: RQ PSN = our REQ's,
-   * SQ PSN = the REP's; passive: RQ PSN = our REP's, SQ PSN = the REQ's. The PSNs are taken
-   * from the REQ and REP themselves, never from the transition.
+   * The QP transitions the CM asks for, applied as they come: the CM agent fills in the PSNs
+   * (a REQ's or REP's Starting PSN is what its sender's receive queue expects; see state.ts)
+   * and the passive side's RTS comes with its RTR, before the REP (accept's rtsOnAccept).
    */
   private onModifyQp(t: QpTransition): void {
     const qp = this.qp;
     if (qp === undefined) return;
-    const req = this.req;
-    const accepted = this.accepted;
-    const passive = req !== undefined && accepted !== undefined;
     switch (t.state) {
       case 'RTR':
-        if (passive) {
-          this.toRtr(qp, t, accepted.startingPsn);
-          // librdmacm's rdma_accept takes the QP to RTS before the REP leaves, so the client's
-          // first request can be answered (an RDMA READ from here included) even if the RTU is
-          // late. The agent's own RTS, on the RTU, then finds it done.
-          modifyQp(qp, {
-            qpState: 'RTS',
-            sqPsn: req.startingPsn,
-            timeout: req.primaryPath.localAckTimeout,
-            retryCnt: req.retryCount,
-            rnrRetry: req.rnrRetryCount,
-            maxRdAtomic: accepted.initiatorDepth,
-          });
-        } else {
-          // Active: held until the REP itself arrives (the next action), which has its PSN.
-          this.pendingRtr = t;
-        }
+        if (qp.state !== 'INIT') return;
+        modifyQp(qp, {
+          qpState: 'RTR',
+          pathMtu: Math.min(t.pathMtu, this.context.device.portMtu) as 256,
+          destQpNum: t.destQpn,
+          rqPsn: t.rqPsn,
+          maxDestRdAtomic: t.maxDestRdAtomic,
+          minRnrTimer: MIN_RNR_TIMER,
+          ahAttr: { dgid: t.remoteGid, port: this.peer!.port },
+        });
         return;
       case 'RTS':
-        if (!passive) this.pendingRts = t;
+        if (qp.state !== 'RTR') return;
+        modifyQp(qp, { qpState: 'RTS', sqPsn: t.sqPsn, timeout: t.timeout, retryCnt: t.retryCnt, rnrRetry: t.rnrRetry, maxRdAtomic: t.maxRdAtomic });
         return;
       case 'ERR':
         this.toErr();
         return;
     }
-  }
-
-  private toRtr(qp: Qp, t: Extract<QpTransition, { state: 'RTR' }>, rqPsn: number): void {
-    modifyQp(qp, {
-      qpState: 'RTR',
-      pathMtu: Math.min(t.pathMtu, this.context.device.portMtu) as 256,
-      destQpNum: t.destQpn,
-      rqPsn,
-      maxDestRdAtomic: t.maxDestRdAtomic,
-      minRnrTimer: MIN_RNR_TIMER,
-      ahAttr: { dgid: t.remoteGid, port: this.peer!.port },
-    });
-  }
-
-  /** Active side, the REP in hand: the held transitions, with the PSNs of the REQ and the REP. */
-  private onRep(rep: CmRep): void {
-    const qp = this.qp;
-    const rtr = this.pendingRtr;
-    const rts = this.pendingRts;
-    this.pendingRtr = undefined;
-    this.pendingRts = undefined;
-    if (qp === undefined || rtr === undefined || qp.state !== 'INIT') return;
-    this.toRtr(qp, rtr, this.startingPsn);
-    if (rts === undefined) return;
-    modifyQp(qp, { qpState: 'RTS', sqPsn: rep.startingPsn, timeout: rts.timeout, retryCnt: rts.retryCnt, rnrRetry: rts.rnrRetry, maxRdAtomic: rts.maxRdAtomic });
   }
 
   private toErr(): void {
@@ -526,7 +498,6 @@ export class RdmaCmId extends EventEmitter {
     if (this.state !== 'listening') return undefined;
     const child = new RdmaCmId(this.channel);
     child.connId = r.connId;
-    child.req = r.req;
     child.peer = r.peer;
     child.state = 'request';
     child.localPort = this.localPort;
@@ -536,6 +507,7 @@ export class RdmaCmId extends EventEmitter {
     } else {
       child.remoteAddress = r.peer.address;
     }
+    child.armMra(this.listenOpts);
     const req = r.req;
     this.deliver({
       type: 'connect_request',
@@ -574,6 +546,24 @@ export class RdmaCmId extends EventEmitter {
         if (st === 'REP_SENT' || st === 'MRA_REP_RCVD') this.gsi.run((agent, now) => agent.established(now, this.connId));
       });
     };
+  }
+
+  /** Passive, before accept or reject: the MRA of ListenOptions.mraAfterMs. */
+  private armMra(o: ListenOptions): void {
+    const after = o.mraAfterMs ?? 1000;
+    if (!(after > 0) || !Number.isFinite(after)) return;
+    const clock = this.context.device.clock;
+    this.mraTimer = clock.at(clock.now() + after * 1000, () => {
+      this.mraTimer = undefined;
+      // Still undecided, and the agent has not sent one for a repeated REQ already.
+      if (this.state !== 'request' || this.cmState !== 'REQ_RCVD') return;
+      this.gsi.run((agent, now) => agent.mra(now, this.connId, o.mraServiceTimeout ?? 24));
+    });
+  }
+
+  private cancelMra(): void {
+    this.mraTimer?.cancel();
+    this.mraTimer = undefined;
   }
 
   private deliver(ev: RdmaCmEvent): void {

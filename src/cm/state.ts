@@ -19,6 +19,15 @@
  *
  * States are those of IBTA figures 151..153; `A` is the caller's address type for a peer's
  * QP1 (an IP address, an address handle …), carried through untouched.
+ *
+ * Starting PSNs. A REQ's or REP's Starting PSN is the first PSN its *sender's receive queue*
+ * expects, which is where the *other* side's send queue starts. That is what Linux's CM does
+ * (ib_send_cm_req and ib_send_cm_rep keep their own Starting PSN as rq_psn; cm_req_handler and
+ * cm_rep_handler take the peer's as sq_psn) and what the wire shows: in rxe's rping capture
+ * (test/fixtures/rxe/rping.pcap) the REQ says 0x9da108 and the REP 0x31ede7, and the active
+ * side's first SEND carries PSN 0x31ede7 while the passive side's first READ request carries
+ * 0x9da108. So: active RTR rqPsn = REQ's, RTS sqPsn = REP's; passive RTR rqPsn = REP's, RTS
+ * sqPsn = REQ's. `test/cm/state.test.ts` pins this against the capture.
  */
 
 import {
@@ -123,6 +132,12 @@ export interface CmAgentOptions {
   autoRtu?: boolean;
   /** Answer a DREQ with DREP at once (as rdma_cm does). Default true. */
   autoDrep?: boolean;
+  /**
+   * Service timeout (4.096 µs × 2^t) of the MRA this agent sends by itself when a REQ is
+   * repeated while its consumer has not answered yet (IBTA 12.6.6). Default 24 (≈69 s), what
+   * rdma_cm asks for (CMA_CM_MRA_SETTING).
+   */
+  mraServiceTimeout?: number;
 }
 
 /** What `connect` needs; the defaults are those of rping's REQ (librdmacm over rxe). */
@@ -130,6 +145,7 @@ export interface ConnectParams<A> {
   peer: A;
   serviceId: bigint;
   localQpn: number;
+  /** The REQ's Starting PSN: the first PSN our receive queue expects (the peer sends from it). */
   startingPsn: number;
   primaryPath: CmPath;
   privateData?: Uint8Array;
@@ -152,7 +168,15 @@ export interface ConnectParams<A> {
 
 export interface AcceptParams {
   localQpn: number;
+  /** The REP's Starting PSN: the first PSN our receive queue expects (the peer sends from it). */
   startingPsn: number;
+  /**
+   * Move the QP to RTS together with RTR, before the REP leaves, as librdmacm's rdma_accept
+   * does, so the active side's first request can be answered (an RDMA READ from here
+   * included) even if the RTU is late. Default false: RTS on the RTU (or on "communication
+   * established"), as IBTA's state machine has it.
+   */
+  rtsOnAccept?: boolean;
   privateData?: Uint8Array;
   localQkey?: number;
   responderResources?: number;
@@ -186,6 +210,8 @@ interface Conn<A> {
   lastReply?: CmMad;
   /** TransactionID of the peer's DREQ, which our DREP echoes. */
   dreqTid?: bigint;
+  /** Passive side: the QP was already moved to RTS (accept with rtsOnAccept). */
+  rtsDone?: boolean;
   timewaitEnd?: Micros;
 }
 
@@ -298,13 +324,13 @@ export class CmAgent<A> {
     c.rep = rep;
     c.state = 'REP_SENT';
     const path = req.primaryPath;
-    return [
+    const out: CmAction<A>[] = [
       {
         ...enc(connId),
         modifyQp: {
           state: 'RTR',
           destQpn: req.localQpn,
-          rqPsn: req.startingPsn,
+          rqPsn: rep.startingPsn,
           pathMtu: mtuOfCode(req.pathMtu) ?? 1024,
           maxDestRdAtomic: rep.responderResources,
           remoteGid: path.localGid,
@@ -314,8 +340,13 @@ export class CmAgent<A> {
           sl: path.sl,
         },
       },
-      this.request(now, c, { header: cmMadHeader('REP', c.tid), msg: rep }),
     ];
+    if (p.rtsOnAccept === true) {
+      c.rtsDone = true;
+      out.push({ ...enc(connId), modifyQp: this.passiveRts(c) });
+    }
+    out.push(this.request(now, c, { header: cmMadHeader('REP', c.tid), msg: rep }));
+    return out;
   }
 
   /** Refuses a REQ (passive) or a REP (active, with `autoRtu` off). */
@@ -454,15 +485,27 @@ export class CmAgent<A> {
     }
   }
 
-  private onReq(_now: Micros, tid: bigint, req: CmReq, from: A): CmAction<A>[] {
+  private onReq(now: Micros, tid: bigint, req: CmReq, from: A): CmAction<A>[] {
     // A repeated REQ (our answer was lost or is late): IBTA 12.9.6 / Linux cm_dup_req_handler.
     for (const c of this.conns.values()) {
       if (c.active || c.remoteCommId !== req.localCommId || c.req.localCaGuid !== req.localCaGuid) continue;
-      if (c.state === 'MRA_REQ_SENT' && c.lastReply) return [{ ...enc(c.localCommId), send: c.lastReply, to: c.peer }];
-      if (c.state === 'TIMEWAIT') {
-        return [{ ...enc(c.localCommId), send: this.rejMad(tid, c.localCommId, req.localCommId, CM_MSG_CODE.REQ, CM_REJ_REASON.STALE_CONN), to: from }];
+      switch (c.state) {
+        case 'REQ_RCVD':
+          // The consumer is still deciding and the active side is about to give up: tell it
+          // to wait (IBTA 12.6.6), as Linux's CM does with a delayed MRA.
+          return this.mra(now, c.localCommId, this.opts.mraServiceTimeout ?? 24);
+        case 'MRA_REQ_SENT':
+          return c.lastReply ? [{ ...enc(c.localCommId), send: c.lastReply, to: c.peer }] : [];
+        case 'REP_SENT':
+        case 'MRA_REP_RCVD':
+          // Our REP was lost: send it again now rather than at our own resend timer. The resend
+          // count is not charged (the peer is alive and asking).
+          return c.pending?.mad.msg.kind === 'REP' ? [{ ...enc(c.localCommId), send: c.pending.mad, to: c.peer }] : [];
+        case 'TIMEWAIT':
+          return [{ ...enc(c.localCommId), send: this.rejMad(tid, c.localCommId, req.localCommId, CM_MSG_CODE.REQ, CM_REJ_REASON.STALE_CONN), to: from }];
+        default:
+          return [];
       }
-      return [];
     }
     if (!this.listeners.has(req.serviceId)) {
       // What Linux's CM answers a REQ nobody listens for; rdma_cm reports it as REJECTED, status 8.
@@ -510,7 +553,7 @@ export class CmAgent<A> {
         modifyQp: {
           state: 'RTR',
           destQpn: rep.localQpn,
-          rqPsn: rep.startingPsn,
+          rqPsn: req.startingPsn,
           pathMtu: mtuOfCode(req.pathMtu) ?? 1024,
           maxDestRdAtomic: req.responderResources,
           remoteGid: path.remoteGid,
@@ -524,7 +567,7 @@ export class CmAgent<A> {
         ...enc(c.localCommId),
         modifyQp: {
           state: 'RTS',
-          sqPsn: req.startingPsn,
+          sqPsn: rep.startingPsn,
           timeout: path.localAckTimeout,
           retryCnt: req.retryCount,
           rnrRetry: rep.rnrRetryCount,
@@ -625,22 +668,24 @@ export class CmAgent<A> {
   private passiveEstablished(c: Conn<A>, privateData: Uint8Array): CmAction<A>[] {
     delete c.pending;
     c.state = 'ESTABLISHED';
+    const out: CmAction<A>[] = [];
+    if (c.rtsDone !== true) out.push({ ...enc(c.localCommId), modifyQp: this.passiveRts(c) });
+    c.rtsDone = true;
+    out.push({ ...enc(c.localCommId), event: 'established', privateData });
+    return out;
+  }
+
+  /** The passive side's RTS: it sends from the REQ's Starting PSN. */
+  private passiveRts(c: Conn<A>): QpTransition {
     const req = c.req;
-    const rep = c.rep!;
-    return [
-      {
-        ...enc(c.localCommId),
-        modifyQp: {
-          state: 'RTS',
-          sqPsn: rep.startingPsn,
-          timeout: req.primaryPath.localAckTimeout,
-          retryCnt: req.retryCount,
-          rnrRetry: req.rnrRetryCount,
-          maxRdAtomic: rep.initiatorDepth,
-        },
-      },
-      { ...enc(c.localCommId), event: 'established', privateData },
-    ];
+    return {
+      state: 'RTS',
+      sqPsn: req.startingPsn,
+      timeout: req.primaryPath.localAckTimeout,
+      retryCnt: req.retryCount,
+      rnrRetry: req.rnrRetryCount,
+      maxRdAtomic: c.rep!.initiatorDepth,
+    };
   }
 
   private sendRtu(c: Conn<A>, privateData?: Uint8Array): CmAction<A>[] {

@@ -228,6 +228,39 @@ t.test('the listener rejects: REJ, reason 28, with its private data', async (t) 
   t.equal(ev.privateData[0], 0x42);
 });
 
+t.test('a slow accept: the listener sends an MRA, the client waits past its REQ timeout, then connects', async (t) => {
+  const [a, b] = await v4Pair();
+  t.teardown(() => closeAll(a, b));
+  // Short CM timeouts so the test is quick: the client would resend its REQ after
+  // 4.096 µs × 2^12 + 2 × 4.096 µs × 2^8 ≈ 19 ms and give up after 2 resends (≈60 ms).
+  const cha = createEventChannel(a, { agent: { packetLifeTime: 8 } });
+  const chb = createEventChannel(b, { agent: { packetLifeTime: 8 } });
+  const listener = chb.createId();
+  // MRA after 5 ms, asking for 4.096 µs × 2^20 ≈ 4.3 s.
+  listener.listen(9005, { mraAfterMs: 5, mraServiceTimeout: 20 });
+  const pda = a.allocPd();
+  const pdb = b.allocPd();
+  const cqa = a.createCq({ cqe: 4 });
+  const cqb = b.createCq({ cqe: 4 });
+  const states: string[] = [];
+  listener.once('connect_request', (ev: RdmaCmEvent) => {
+    ev.id.createQp(pdb, { sendCq: cqb, recvCq: cqb });
+    // Accept long after the client would have given up without the MRA.
+    setTimeout(() => {
+      states.push(ev.id.cmState);
+      ev.id.accept();
+    }, 400);
+  });
+  const client = cha.createId();
+  const est = client.waitFor('established', 10_000);
+  client.connect({ address: b.address, port: 9005, qp: { pd: pda, sendCq: cqa, recvCq: cqa }, cmResponseTimeout: 12, maxCmRetries: 2 });
+  await new Promise((r) => setTimeout(r, 200));
+  t.equal(client.cmState, 'MRA_REQ_RCVD', 'the client got the MRA');
+  await est;
+  t.same(states, ['MRA_REQ_SENT'], 'the listener had sent the MRA before accepting');
+  t.equal(client.qp!.state, 'RTS');
+});
+
 t.test('silent peer: the REQ is resent Max CM Retries times, then unreachable (ETIMEDOUT)', async (t) => {
   const a = await openDevice({ address: '127.0.0.1', port: 0 });
   const silent = dgram.createSocket('udp4');

@@ -27,5 +27,18 @@ export function rpingMads(): CapturedMad[] {
   return out;
 }
 
+/** RC request opcodes (SEND, WRITE, READ request, atomics): the PSNs a send queue consumes. */
+const REQUEST_OPCODES = new Set([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 19, 20, 22, 23]);
+
+/** The PSN of the first RC request `src` sent in rping.pcap (its send queue's starting PSN). */
+export function rpingFirstRequestPsn(src: string): number | undefined {
+  for (const d of decodeCapture(readFileSync(RPING_PCAP))) {
+    const p = d.packet;
+    if (p === undefined || d.src !== src || p.bth.destQp === 1) continue;
+    if (REQUEST_OPCODES.has(p.bth.opcode)) return p.bth.psn;
+  }
+  return undefined;
+}
+
 const hexOf = (b: Uint8Array): string => Buffer.from(b).toString('hex');
 export { hexOf };

@@ -1,7 +1,7 @@
 import t from 'tap';
 import { cmMadBytes, cmMadHeader, cmTimeoutUs, CM_REJ_REASON, gidOfIp, parseCmMad, rdmaCmServiceId, reqPrivateData, cmaHeaderFor, type CmKind, type CmPath } from '../../src/cm/messages.js';
 import { CmAgent, type CmAction, type CmAgentOptions, type CmState, type QpTransition } from '../../src/cm/state.js';
-import { hexOf, rpingMads } from './rping.js';
+import { hexOf, rpingFirstRequestPsn, rpingMads } from './rping.js';
 
 type Side = 'A' | 'B';
 const other = (s: Side): Side => (s === 'A' ? 'B' : 'A');
@@ -131,11 +131,12 @@ t.test('connect, accept, RTU: both sides established, QPs moved, one Transaction
   t.equal(cr.userData[0], 0xab);
   t.same(w.qp.A.map((q) => q.state), ['RTR', 'RTS']);
   t.same(w.qp.B.map((q) => q.state), ['RTR', 'RTS']);
-  t.match(w.qp.A[0], { destQpn: 0x22, rqPsn: 0x200, pathMtu: 1024 });
-  t.match(w.qp.A[1], { sqPsn: 0x100, timeout: 19, retryCnt: 7, rnrRetry: 7 });
-  t.match(w.qp.B[0], { destQpn: 0x11, rqPsn: 0x100, pathMtu: 1024, hopLimit: 64 });
+  // Each side's Starting PSN is what its own receive queue expects; it sends from the peer's.
+  t.match(w.qp.A[0], { destQpn: 0x22, rqPsn: 0x100, pathMtu: 1024 });
+  t.match(w.qp.A[1], { sqPsn: 0x200, timeout: 19, retryCnt: 7, rnrRetry: 7 });
+  t.match(w.qp.B[0], { destQpn: 0x11, rqPsn: 0x200, pathMtu: 1024, hopLimit: 64 });
   t.same(hexOf((w.qp.B[0] as { remoteGid: Uint8Array }).remoteGid), hexOf(gidOfIp('10.77.0.3')), 'B reaches A at the REQ\'s local GID');
-  t.match(w.qp.B[1], { sqPsn: 0x200 });
+  t.match(w.qp.B[1], { sqPsn: 0x100 });
   const tids = w.sent.map((s) => (parseCmMad(s.bytes) as { ok: true; mad: { header: { transactionId: bigint } } }).mad.header.transactionId);
   t.same(new Set(tids).size, 1, 'REP and RTU reuse the REQ\'s TransactionID');
   t.end();
@@ -292,6 +293,41 @@ t.test('a repeated REQ while MRA_REQ_SENT is answered with the MRA again', (t) =
   t.end();
 });
 
+t.test('a repeated REQ while the consumer has not answered: the agent sends an MRA itself', (t) => {
+  const w = new Wire({}, { mraServiceTimeout: 22 });
+  const a = connectAndAccept(w, { accept: false });
+  w.run(WAIT20 + 1000);
+  const b = bId(w);
+  t.same(w.kinds(), ['A:REQ', 'A:REQ', 'B:MRA'], 'the first REQ waits for the consumer; the second gets an MRA');
+  t.equal(w.agents.B.state(b), 'MRA_REQ_SENT');
+  const mra = parseCmMad(w.sent[2]!.bytes);
+  t.match(mra.ok && mra.mad.msg, { kind: 'MRA', serviceTimeout: 22, messageMraed: 0 });
+  t.equal(w.agents.A.state(a), 'MRA_REQ_RCVD');
+  // The active side now waits 4.096 µs × 2^22 + 2 × packet life (≈18 s), far past its usual ≈4.8 s.
+  w.run(w.now + cmTimeoutUs(22));
+  t.same(w.kinds('A'), ['A:REQ', 'A:REQ'], 'no REQ resent within the MRA\'s service timeout');
+  t.same(w.eventNames('B'), ['connect-request'], 'the repeated REQ is not a new connection');
+  w.apply('B', w.agents.B.accept(w.now, b, { localQpn: 0x22, startingPsn: 0x200 }));
+  w.run();
+  t.equal(w.agents.A.state(a), 'ESTABLISHED');
+  t.end();
+});
+
+t.test('a repeated REQ after the REP was sent is answered with the REP again, at once', (t) => {
+  const w = new Wire();
+  w.drop = (k, _f, n) => k === 'REP' && n === 0;
+  const a = connectAndAccept(w);
+  w.run(WAIT20 + 1000);
+  t.same(w.kinds().slice(0, 4), ['A:REQ', 'B:REP(lost)', 'A:REQ', 'B:REP']);
+  const reps = w.sent.filter((s) => s.kind === 'REP');
+  t.same(hexOf(reps[1]!.bytes), hexOf(reps[0]!.bytes), 'the same REP, same TransactionID');
+  t.equal(reps[1]!.at, w.sent[2]!.at + LATENCY, 'answered when the REQ arrived, not at B\'s own resend timer');
+  t.equal(w.agents.A.state(a), 'ESTABLISHED');
+  t.equal(w.agents.B.state(bId(w)), 'ESTABLISHED');
+  t.same(w.eventNames('B'), ['connect-request', 'established']);
+  t.end();
+});
+
 t.test('active side: REP held for the consumer, MRA for the REP, then RTU', (t) => {
   const w = new Wire({ autoRtu: false });
   const a = connectAndAccept(w);
@@ -443,5 +479,38 @@ t.test('replaying rping: our two agents send the capture\'s five MADs byte for b
   w.sent.forEach((s, i) => t.equal(hexOf(s.bytes), hexOf(cap[i]!.mad), `${s.kind} = frame ${cap[i]!.frame}`));
   const states: CmState[] = [w.agents.A.state(connId), w.agents.B.state(bId(w))];
   t.same(states, ['TIMEWAIT', 'TIMEWAIT']);
+  t.end();
+});
+
+t.test('Starting PSNs as rxe uses them: each side sends from the PSN the other announced (rping.pcap)', (t) => {
+  const cap = rpingMads();
+  const reqMad = parseCmMad(cap[0]!.mad);
+  const repMad = parseCmMad(cap[1]!.mad);
+  if (!reqMad.ok || reqMad.mad.msg.kind !== 'REQ' || !repMad.ok || repMad.mad.msg.kind !== 'REP') return t.fail('frames 4 and 5 are the REQ and the REP');
+  const req = reqMad.mad.msg;
+  const rep = repMad.mad.msg;
+  const client = cap[0]!.src;
+  const server = cap[0]!.dst;
+  // What rxe did on the wire with those two numbers.
+  const clientFirst = rpingFirstRequestPsn(client);
+  const serverFirst = rpingFirstRequestPsn(server);
+  t.equal(clientFirst, rep.startingPsn, 'the active side\'s first request carries the REP\'s Starting PSN');
+  t.equal(serverFirst, req.startingPsn, 'the passive side\'s first request carries the REQ\'s Starting PSN');
+  // Our passive agent, fed the captured REQ and accepting with the captured REP's PSN.
+  const b = new CmAgent<string>({ caGuid: 0x505400fffe770002n, random: seq(0x2818cbea) });
+  b.listen(req.serviceId);
+  const cr = b.onMad(0, cap[0]!.mad, client);
+  const bConn = cr[0]!.connId;
+  const bQp = b.accept(1, bConn, { localQpn: rep.localQpn, startingPsn: rep.startingPsn, rtsOnAccept: true })
+    .flatMap((a) => ('modifyQp' in a ? [a.modifyQp] : []));
+  t.match(bQp, [{ state: 'RTR', rqPsn: clientFirst }, { state: 'RTS', sqPsn: serverFirst }]);
+  // Our active agent, having sent the captured REQ's PSN, fed the captured REP.
+  const a = new CmAgent<string>({ caGuid: 0x505400fffe770003n, random: seq(rep.remoteCommId) });
+  a.connect(0, {
+    peer: server, serviceId: req.serviceId, localQpn: req.localQpn, startingPsn: req.startingPsn, primaryPath: req.primaryPath,
+    privateData: req.privateData,
+  });
+  const aQp = a.onMad(2, cap[1]!.mad, server).flatMap((x) => ('modifyQp' in x ? [x.modifyQp] : []));
+  t.match(aQp, [{ state: 'RTR', rqPsn: serverFirst }, { state: 'RTS', sqPsn: clientFirst }]);
   t.end();
 });

@@ -12,7 +12,7 @@ import { fileURLToPath, pathToFileURL } from 'node:url';
 import { startLab, type Guest, type Lab } from '../../interop/lab.js';
 import { recordCell, type Direction } from '../../interop/matrix.js';
 import { decodeCapture } from '../../src/analyze/decode.js';
-import { rdmaCmServiceId } from '../../src/cm/messages.js';
+import { CM_MSG_CODE, cmTimeoutUs, parseCmMad, rdmaCmServiceId } from '../../src/cm/messages.js';
 import { fillPing } from '../../src/cli/rping.js';
 import { tsharkJson, flatten } from './tshark.js';
 
@@ -259,6 +259,48 @@ t.test('IPv4: rdma_client in the guest against our server', async (t) => {
   recordCell({ suite: 'rping', transport: 'RC', op: 'SEND', mtu: 1024, size: 16, direction: 'rxe→ours', family: 4, pass: r.ok && cli.code === 0, ms: Date.now() - start, tool: 'rdma_client', note: 'rdma_client in the guest, our server' });
 });
 
+// A slow application on our side: roce rping -s accepts 6 s after the REQ, longer than rping's
+// REQ timeout (4.096 µs × 2^20 + 2 × 4.096 µs × 2^16 ≈ 4.8 s). Our listener's MRA (after 1 s,
+// service timeout 24) must keep rping -c waiting without resending its REQ; the capture check
+// below times the REQ, the MRA and the REP.
+const MRA_PORT = 7175;
+const ACCEPT_DELAY_MS = 6000;
+let mraCase: { hostIp: string; guestIp: string } | undefined;
+
+t.test('IPv4: a slow accept: our MRA keeps rping -c in the guest waiting past its REQ timeout', async (t) => {
+  const lab = need();
+  const g = lab.guests[0]!;
+  const hostIp = lab.hostIpv4;
+  const child = lab.execHost([process.execPath, CLI, 'rping', '-s', '-a', hostIp, '-p', String(MRA_PORT), '-v', '-d', '--accept-delay', String(ACCEPT_DELAY_MS)], { stdio: ['ignore', 'pipe', 'pipe'] });
+  let out = '';
+  let err = '';
+  child.stderr?.setEncoding('utf8').on('data', (d: string) => (err += d));
+  const exited = new Promise<number | null>((resolve) => child.on('close', resolve));
+  await new Promise<void>((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`our server did not listen: ${err}`)), 20_000);
+    child.stdout?.setEncoding('utf8').on('data', (d: string) => {
+      out += d;
+      if (out.includes('rdma_listen')) {
+        clearTimeout(timer);
+        resolve();
+      }
+    });
+    void exited.then(() => reject(new Error(`our server exited: ${err}`)));
+  });
+  const started = Date.now();
+  const cli = await g.run(`rping -c -a ${hostIp} -p ${MRA_PORT} -C 2 -v -V`, { timeoutMs: 60_000 });
+  const ms = Date.now() - started;
+  const timer = setTimeout(() => child.kill('SIGKILL'), 20_000);
+  const code = await exited;
+  clearTimeout(timer);
+  t.equal(cli.code, 0, 'rping -c exits 0 after waiting for our accept', { output: cli.stdout, ours: err });
+  t.same(cli.stdout.split('\n').map((l) => l.trim()).filter((l) => l.startsWith('ping data: ')), pingLines('ping data: ', 2));
+  t.equal(code, 0, 'our server exits 0', { stderr: err });
+  t.match(out, new RegExp(`delaying rdma_accept by ${ACCEPT_DELAY_MS} ms`));
+  t.ok(ms >= ACCEPT_DELAY_MS - 500, `the client was kept waiting (${ms} ms)`);
+  mraCase = { hostIp, guestIp: g.ipv4 };
+});
+
 function record(direction: Direction, family: 4 | 6, pass: boolean, ms: number, note: string): void {
   recordCell({ suite: 'rping', transport: 'RC', op: 'RDMA_READ+RDMA_WRITE+SEND', mtu: 1024, size: 64, direction, family, pass, ms, tool: 'rping', note });
 }
@@ -297,6 +339,40 @@ t.test('the capture: tshark shows the CM fields we announced; every ICRC is good
       t.equal(rep.dst, a.guestIp);
       t.ok(cm.some((f) => f.src === a.guestIp && f.ws.has('infiniband.cm.req.serviceid') && BigInt(f.ws.get('infiniband.cm.req.serviceid')!) === rdmaCmServiceId(PORT)), `${where}: rxe's REQ for our service ID`);
       t.ok(cm.some((f) => f.src === a.hostIp && f.ws.has('infiniband.cm.drsp.localcommid')), `${where}: our DREP`);
+    }
+  }
+  // The slow accept: tshark names the MRA's attribute (it has no MRA field decoder); ours reads it.
+  if (mraCase === undefined) t.fail('the slow-accept case did not run');
+  else {
+    const { hostIp, guestIp } = mraCase;
+    const mads = [...decodeCapture(readFileSync(pcap))].flatMap((d) => {
+      if (d.packet === undefined || d.packet.bth.destQp !== 1) return [];
+      const r = parseCmMad(d.packet.payload);
+      return r.ok ? [{ frame: d.frame, src: d.src, ns: d.timestampNs, mad: r.mad }] : [];
+    });
+    const reqs = mads.filter((m) => m.src === guestIp && m.mad.msg.kind === 'REQ' && m.mad.msg.serviceId === rdmaCmServiceId(MRA_PORT));
+    t.equal(reqs.length, 1, 'rping sent its REQ once: the MRA stopped its resends');
+    const req = reqs[0];
+    const reqMsg = req?.mad.msg;
+    const mras = mads.filter((m) => m.src === hostIp && m.mad.msg.kind === 'MRA' && reqMsg?.kind === 'REQ' && m.mad.msg.remoteCommId === reqMsg.localCommId);
+    const reps = mads.filter((m) => m.src === hostIp && m.mad.msg.kind === 'REP' && reqMsg?.kind === 'REQ' && m.mad.msg.remoteCommId === reqMsg.localCommId);
+    t.equal(mras.length, 1, 'we sent one MRA for it');
+    t.equal(reps.length, 1, 'and then one REP');
+    const mra = mras[0];
+    if (req && mra && reps[0] && mra.mad.msg.kind === 'MRA') {
+      t.equal(mra.mad.msg.messageMraed, CM_MSG_CODE.REQ, 'the MRA is for the REQ');
+      t.equal(mra.mad.msg.serviceTimeout, 24, 'service timeout 24 (≈69 s), rdma_cm\'s');
+      t.equal(mra.mad.header.transactionId, req.mad.header.transactionId, 'the REQ\'s TransactionID');
+      const sec = (a: bigint, b: bigint): number => Number(a - b) / 1e9;
+      const mraAfter = sec(mra.ns, req.ns);
+      const repAfter = sec(reps[0].ns, req.ns);
+      t.ok(mraAfter > 0.8 && mraAfter < 3, `MRA ${mraAfter.toFixed(2)} s after the REQ`);
+      const reqTimeout = (cmTimeoutUs(20) + 2 * cmTimeoutUs(16)) / 1e6;
+      t.ok(repAfter > reqTimeout, `REP ${repAfter.toFixed(2)} s after the REQ, past rping's REQ timeout (${reqTimeout.toFixed(2)} s)`);
+      const ws = await tsharkJson(pcap, ['-Y', `frame.number == ${mra.frame}`]);
+      const f = flatten(ws[0]?._source.layers.infiniband);
+      t.equal(Number(f.get('infiniband.mad.attributeid')), 0x0011, 'tshark: attribute ID 0x0011 (ConnectMRA)');
+      t.equal(Number(f.get('infiniband.mad.mgmtclass')), 0x07, 'tshark: management class 0x07 (CM)');
     }
   }
   let roce = 0;
