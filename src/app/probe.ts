@@ -21,7 +21,8 @@ import {
 import type { MemoryRegion } from '../core/mr.js';
 import { ACCESS, type MtuValue } from '../core/types.js';
 import { MTUS } from './endpoint.js';
-import { ChannelError, type Channel, type Message, type ProbeAccess, type ProbeRegion } from './protocol.js';
+import type { MessageChannel } from './cm-channel.js';
+import { ChannelError, type Message, type ProbeAccess, type ProbeRegion } from './protocol.js';
 
 /** Read/write/atomic scratch region. */
 export const PROBE_MEM_BYTES = 64 * 1024;
@@ -67,7 +68,7 @@ const region = (mr: MemoryRegion): ProbeRegion => ({ rkey: mr.rkey, va: mr.va(0)
  * Bad requests are refused on the channel, never thrown, and end the connection (as the
  * transfer session ends on an unexpected message).
  */
-export async function serveProbe(pd: Pd, ch: Channel, req: Extract<Message, { type: 'probe' }>, log: (line: string) => void): Promise<void> {
+export async function serveProbe(pd: Pd, ch: MessageChannel, req: Extract<Message, { type: 'probe' }>, log: (line: string) => void): Promise<void> {
   const refuse = (message: string): void => {
     ch.send({ type: 'refuse', code: 'BAD_REQUEST', message: `probe: ${message}` });
     log(`probe refused: ${message}`);
