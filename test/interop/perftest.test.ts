@@ -209,14 +209,6 @@ function perftestCells(): { cells: Cell[]; trimmed: Cell[] } {
   const add = (c: Omit<Cell, 'name' | 'suite' | 'iters'>): void => {
     const cell: Cell = { ...c, suite: 'perftest', iters: ITERS, name: '' };
     cell.name = cellName(cell);
-    // 1 MiB at path MTU 256 is 4096 packets a message, 20k a cell: under TCG that is the
-    // slowest cell by far. It runs over IPv4; the IPv6 twin adds nothing the IPv4 one and the
-    // smaller IPv6 sizes do not show, so it is left out to keep the file in budget.
-    if (c.size === 1 << 20 && c.mtu === 256 && c.family === 6) {
-      cell.note = 'trimmed: 1 MiB at MTU 256 runs over IPv4 only (time budget)';
-      trimmed.push(cell);
-      return;
-    }
     // UC has no flow control and no recovery: five 1 MiB SENDs back to back from our stack
     // overrun rxe's receive path under TCG (the capture has every packet, rxe drops some), and
     // ib_send_bw's server then waits for messages that never come (60 s, then it fails). The
@@ -226,19 +218,6 @@ function perftestCells(): { cells: Cell[]; trimmed: Cell[] } {
       cell.note = 'trimmed: 5 × 1 MiB UC SEND bursts from us overrun rxe under TCG; UC cannot recover lost messages';
       trimmed.push(cell);
       return;
-    }
-    // READ retry storm (see the report): a 1 MiB READ answered by rxe at kernel speed overruns
-    // our UDP receive buffer; the completer re-requests from the gap, and again at every ACK
-    // timeout (67 ms) while rxe is still streaming the earlier burst, so rxe queues duplicate
-    // READs and replays each in full. It recovers in 10–40 s, or stalls past our 60 s bound.
-    if (c.op === 'RDMA_READ' && c.direction === 'ours→rxe' && c.size === 1 << 20 && c.mtu <= 1024) {
-      // One storm per family is enough to show it (and they cost up to two minutes each).
-      if (c.mtu === 256) {
-        cell.note = 'trimmed: 1 MiB READ at MTU 256 from us hits the READ retry storm (known issue, shown at MTU 1024)';
-        trimmed.push(cell);
-        return;
-      }
-      cell.knownIssue = 'READ retry storm: ACK timeout re-requests while rxe still streams the earlier burst';
     }
     cells.push(cell);
   };
