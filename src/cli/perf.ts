@@ -551,20 +551,9 @@ export async function perfCommand(argv: string[], out: (line: string) => void): 
     }
     let theirs: PerftestBwReport | undefined;
     try {
-      if (o.verb === 'send') {
-        // ib_send_bw ends with ctx_close_connection alone: one hand shake, then each side
-        // writes "done" and closes without reading the other's. Session.finish() has one
-        // more hand shake for send, which the tool answers with its "done".
-        await s.handShake(0);
-      } else {
-        theirs = await s.finish(server ? undefined : mine);
-      }
+      theirs = await s.finish(server ? undefined : mine);
     } catch (e) {
-      // After the closing hand shake perftest writes "done" and closes without reading ours;
-      // if its "done" is late (a TCP retransmission) our own reaches a closed socket and the
-      // reset takes the unread "done" with it. The test is over by then: not a failure.
-      const late = e instanceof OobError && e.code === 'ERR_OOB_CLOSED' && e.message.includes('"done"');
-      if (!late) peerError(e);
+      peerError(e);
     }
     if (server && o.verb !== 'send' && theirs) out(formatPerfReportLine(theirs, o.reportGbits));
     out(PERF_RESULT_LINE);
