@@ -290,6 +290,9 @@ function makeResources(ctx: Context, o: PerfOptions, n: PerftestNegotiated, outR
   const qp = createQp(pd, {
     type: o.connection, sendCq: cq, recvCq: cq, sqSigAll: true,
     cap: { maxSendWr: Math.max(o.txDepth, 1), maxRecvWr: rxDepth, maxSendSge: 1, maxRecvSge: 1, maxInlineData: 0 },
+    // --rate_limit: a static rate in the QP's pacer, per packet (a long message is spread out,
+    // not just the gaps between messages), as a NIC's QP rate limit.
+    ...(o.rateLimitBps !== undefined ? { cc: { kind: 'fixed' as const, rateBps: o.rateLimitBps } } : {}),
   });
   if (ud) modifyQp(qp, { qpState: 'INIT', pkeyIndex: 0, portNum: 1, qkey: PERF_QKEY });
   else {
