@@ -276,6 +276,15 @@ interface Resources {
 
 const randomPsn = (): number => Math.floor(Math.random() * 0x1000000);
 
+/**
+ * The pacer's bucket for a rate limit: what the rate sends in 2 ms (timers fire on a ~1 ms grid,
+ * and a wake-up can only hand out what the bucket holds), at least 8 KiB, at most 64 KiB: a
+ * slow receiver is the reason to limit the rate, so the bucket is not to let big bursts through.
+ */
+function pacerBucket(bps: number): number {
+  return Math.round(Math.min(65536, Math.max(8192, (bps / 8) * 0.002)));
+}
+
 /** perftest's ctx_init + set_up_connection, once the buffer geometry is negotiated. */
 function makeResources(ctx: Context, o: PerfOptions, n: PerftestNegotiated, outReads: number): Resources {
   const ud = o.connection === 'UD';
@@ -292,7 +301,7 @@ function makeResources(ctx: Context, o: PerfOptions, n: PerftestNegotiated, outR
     cap: { maxSendWr: Math.max(o.txDepth, 1), maxRecvWr: rxDepth, maxSendSge: 1, maxRecvSge: 1, maxInlineData: 0 },
     // --rate_limit: a static rate in the QP's pacer, per packet (a long message is spread out,
     // not just the gaps between messages), as a NIC's QP rate limit.
-    ...(o.rateLimitBps !== undefined ? { cc: { kind: 'fixed' as const, rateBps: o.rateLimitBps } } : {}),
+    ...(o.rateLimitBps !== undefined ? { cc: { kind: 'fixed' as const, rateBps: o.rateLimitBps, pacerBurstBytes: pacerBucket(o.rateLimitBps) } } : {}),
   });
   if (ud) modifyQp(qp, { qpState: 'INIT', pkeyIndex: 0, portNum: 1, qkey: PERF_QKEY });
   else {
