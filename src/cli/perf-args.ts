@@ -1,7 +1,8 @@
 /**
  * `roce perf write|read|send|atomic [HOST] [-p port] [-d dev] [-i ibport] [-x gidx] [-s size]
  *      [-n iters] [-m mtu] [-c RC|UC|UD] [-A CMP_AND_SWAP|FETCH_AND_ADD] [-t tx-depth]
- *      [-o outs] [-q qps] [-S sl] [-u qp-timeout] [-F] [--report_gbits]`
+ *      [-o outs] [-q qps] [-S sl] [-u qp-timeout] [-F] [--report_gbits]
+ *      [--rate_limit=rate [--rate_units=M|g] [--rate_limit_type=HW]]`
  *
  * The flags, defaults and checks of perftest 6.06 (Debian 4.5+0.17) ib_write_bw, ib_read_bw,
  * ib_send_bw and ib_atomic_bw, and the lines they print (perftest_parameters.h,
@@ -16,7 +17,8 @@ import { parseCNumber } from './pingpong-args.js';
 
 export const PERF_USAGE =
   'roce perf write|read|send|atomic [HOST] [-p port] [-d dev] [-i ibport] [-x gidx] [-s size] [-n iters] [-m mtu] ' +
-  '[-c RC|UC|UD] [-A CMP_AND_SWAP|FETCH_AND_ADD] [-t tx-depth] [-o outs] [-q qps] [-S sl] [-u qp-timeout] [-F] [--report_gbits]';
+  '[-c RC|UC|UD] [-A CMP_AND_SWAP|FETCH_AND_ADD] [-t tx-depth] [-o outs] [-q qps] [-S sl] [-u qp-timeout] [-F] [--report_gbits] ' +
+  '[--rate_limit=rate [--rate_units=M|g] [--rate_limit_type=HW]]';
 
 export type PerfConnection = 'RC' | 'UC' | 'UD';
 export type AtomicType = 'CMP_AND_SWAP' | 'FETCH_AND_ADD';
@@ -55,6 +57,12 @@ export interface PerfOptions {
   qpTimeout: number;
   /** --report_gbits: Gb/s instead of MB/s. */
   reportGbits: boolean;
+  /**
+   * --rate_limit (with --rate_units, --rate_limit_type HW, perftest's default type): the QP's
+   * send rate, bit/s, kept by its packet pacer (per packet, as a NIC's QP rate limit; the
+   * only kind this stack has). Absent: no limit.
+   */
+  rateLimitBps?: number;
 }
 
 const VERBS: readonly PerftestVerb[] = ['write', 'read', 'send', 'atomic'];
@@ -82,6 +90,9 @@ export function parsePerfArgs(argv: string[]): PerfOptions {
       'qp-timeout': { type: 'string', short: 'u' },
       'CPU-freq': { type: 'boolean', short: 'F', default: false },
       report_gbits: { type: 'boolean', default: false },
+      rate_limit: { type: 'string' },
+      rate_units: { type: 'string' },
+      rate_limit_type: { type: 'string' },
     },
   });
   const [verbArg, host, ...extra] = positionals;
@@ -139,8 +150,35 @@ export function parsePerfArgs(argv: string[]): PerfOptions {
   };
   if (mtu !== undefined) opts.mtu = mtu;
   if (host !== undefined) opts.host = host;
+  const rate = parseRateLimit(values.rate_limit, values.rate_units, values.rate_limit_type);
+  if (rate !== undefined) opts.rateLimitBps = rate;
   if (values['ib-dev'] !== undefined) opts.ibDev = values['ib-dev'];
   return opts;
+}
+
+/** MB as perftest counts it (its reports: "MB=2^20 byte"). */
+const MB = 0x100000;
+
+/**
+ * perftest's rate limiter flags: the rate in Gb/s (g, the default) or MB/s (M); the type HW
+ * (perftest's default once a rate is given). SW (perftest's pause between bursts of whole
+ * messages) and PP are not implemented, nor packets/s, which perftest's HW limit refuses too.
+ */
+function parseRateLimit(rate: string | undefined, units: string | undefined, type: string | undefined): number | undefined {
+  if (rate === undefined) {
+    if (units !== undefined || type !== undefined) throw new CliError('--rate_units and --rate_limit_type go with --rate_limit');
+    return undefined;
+  }
+  const v = Number(rate);
+  if (rate.trim() === '' || !Number.isFinite(v) || v <= 0) throw new CliError(`--rate_limit must be a positive number, not '${rate}'`);
+  if (type !== undefined && type !== 'HW' && type !== 'SW' && type !== 'PP') throw new CliError('Invalid rate limit type flag. Please use HW, SW or PP.');
+  if (type === 'SW' || type === 'PP') {
+    throw new CliError(`--rate_limit_type=${type} is not implemented: this stack limits a QP's rate in its packet pacer, which is --rate_limit_type=HW (the default)`);
+  }
+  const u = units ?? 'g';
+  if (u === 'p') throw new CliError('--rate_units=p: packets per second are not supported with the HW rate limit');
+  if (u !== 'M' && u !== 'g') throw new CliError('Invalid rate limit units. Please use M,g or p');
+  return u === 'g' ? v * 1e9 : v * MB * 8;
 }
 
 // ---------------------------------------------------------------------------------------------

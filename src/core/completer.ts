@@ -114,6 +114,11 @@ export class Completer {
         // gap now rather than at the ACK timeout, once per gap (as a PSN sequence NAK would).
         ctx.counters.staleResponse++;
         const a = this.errorRetry(ctx, wqe, false);
+        // Already re-requested: the responder is still streaming this READ (it answers requests
+        // in order, so the re-request waits behind the stream), and the timer measures time
+        // without a response to the oldest request (9.7.6.1). Restart it, or it runs out
+        // mid-stream and queues another full replay at every timeout.
+        if (a.kind === 'none' && info.kind === 'readResponse') return PROGRESS;
         return a.kind === 'none' && progressed ? PROGRESS : a;
       }
       const a = this.checkAck(ctx, wqe, pkt, info, retire);

@@ -83,6 +83,8 @@ export class QueuePair implements EngineContext {
   readonly responder = new Responder();
   readonly completer = new Completer();
   private ackDeadline: Micros | undefined;
+  /** The ACK deadline passed on the last run; the timeout is decided on the next (see poll). */
+  private ackExpired = false;
   private rnrUntil: Micros | undefined;
   private rnrFrom = 0;
   private sqdNotifyPending = false;
@@ -350,8 +352,17 @@ export class QueuePair implements EngineContext {
       this.requester.rewind(this.sq, this.rnrFrom);
     }
     if (this.ackDeadline !== undefined && now >= this.ackDeadline) {
-      this.ackDeadline = undefined;
-      if (this.outstanding()) this.apply(now, this.completer.onTimeout(this, this.sq));
+      // Decided one run later: the runtime runs ASAP work after reading the input already
+      // waiting (a real clock: on the next event-loop turn, after its I/O phase, where timers
+      // come first), so a response that came in time but is not read yet still counts as the
+      // progress that restarts the timer (9.7.6.1) and no spurious retry follows.
+      if (!this.ackExpired) {
+        this.ackExpired = true;
+      } else {
+        this.ackExpired = false;
+        this.ackDeadline = undefined;
+        if (this.outstanding()) this.apply(now, this.completer.onTimeout(this, this.sq));
+      }
     }
     let sent = 0;
     const st = this._state;
@@ -381,6 +392,7 @@ export class QueuePair implements EngineContext {
       t = earliest(at, this.cc.timerAt());
     }
     if (this.responder.hasWork && st !== 'ERR' && st !== 'RESET') return ASAP;
+    if (this.ackExpired && this.ackDeadline !== undefined) return ASAP;
     t = earliest(t, this.rnrUntil);
     t = earliest(t, this.ackDeadline);
     return t;
@@ -408,6 +420,7 @@ export class QueuePair implements EngineContext {
   private armAckTimer(now: Micros): void {
     const t = ackTimeoutUs(this.attrs.timeout);
     this.ackDeadline = t === undefined ? undefined : now + t;
+    this.ackExpired = false;
   }
 
   private apply(now: Micros, a: CompleterAction): void {

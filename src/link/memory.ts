@@ -7,8 +7,11 @@
  * - it arrives `latencyUs` later on the clock, in send order;
  * - the ICRC is computed for real (IPv4 with ID 0 + DF, as `UdpLink` sends) and checked strictly
  *   on arrival, so a bit flipped in between is caught and counted as on a real wire.
- *   `icrc: false` turns both off (fuzzing): then nothing is appended and nothing checked, exactly
- *   as `caps.icrcGenerate` / `caps.icrcVerify` say.
+ *   `icrc: false` turns both off (fuzzing): the ICRC field is still there (A17: every RoCEv2
+ *   packet ends in it, and every receiver, ours included, parses the last 4 bytes as the ICRC),
+ *   but `send` leaves it zero and nothing is checked, as `caps.icrcGenerate` / `caps.icrcVerify`
+ *   say. (Leaving the field out made the peer read 4 bytes of every payload as the ICRC and
+ *   every ACK as truncated.) `sendRaw` puts bytes on the wire as they are.
  */
 
 import type { Clock } from '../runtime/clock.js';
@@ -110,9 +113,9 @@ export class MemoryLink implements WireLink {
       return undefined;
     }
     const gen = this.caps.icrcGenerate;
-    let len = gen ? ICRC_LEN : 0;
+    let len = ICRC_LEN;
     for (const p of parts) len += p.length;
-    if (!this.routes(dst) || !validPort(srcPort) || len > this.caps.maxDatagram || len < BTH_LEN + (gen ? ICRC_LEN : 0)) {
+    if (!this.routes(dst) || !validPort(srcPort) || len > this.caps.maxDatagram || len < BTH_LEN + ICRC_LEN) {
       this.drop.sendError++;
       return undefined;
     }

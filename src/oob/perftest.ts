@@ -27,8 +27,9 @@
  *  7. write/read/atomic: a hand shake (the server waits here for the client to finish), then
  *     xchg_bw_reports: five 8-byte exchanges, size and iters as big-endian u64, bw_peak,
  *     bw_avg and msgRate_avg as big-endian IEEE doubles (the server prints the client's).
- *     send: a hand shake.
- *  8. ctx_close_connection: a hand shake, then both sides write "done\0" (5 bytes) and close.
+ *     send (send_bw.c, RUN_REGULAR): nothing; the closing hand shake is where its server waits.
+ *  8. ctx_close_connection: a hand shake, then both sides write "done\0" (5 bytes) and close,
+ *     neither reading the other's.
  *
  * Every hand shake resends the same key message, so a message that changes betrays a peer
  * with more QPs (-q) than ours; a key message where a report is due betrays a peer running
@@ -275,8 +276,9 @@ export interface PerftestSession extends PerftestNegotiated {
    */
   ready(): Promise<void>;
   /**
-   * After the test: the closing hand shakes, the reports (write/read/atomic; ours is sent,
-   * zeros when omitted) and "done". Resolves with the peer's report (write/read/atomic).
+   * After the test: for write/read/atomic a hand shake and the reports (ours is sent, zeros
+   * when omitted), then the closing hand shake and our "done" (the peer's is not read, as
+   * perftest reads none). Resolves with the peer's report (write/read/atomic).
    */
   finish(report?: PerftestBwReport): Promise<PerftestBwReport | undefined>;
   /**
@@ -468,8 +470,9 @@ class Session implements PerftestSession {
     const runTimeout = this.opts.runTimeoutMs ?? 120_000;
     try {
       let remote: PerftestBwReport | undefined;
-      await this.sendSensitive(() => this.handShake(0, 'the hand shake after the test', runTimeout));
       if (this.verb !== 'send') {
+        // The server waits here for the client to finish its test.
+        await this.handShake(0, 'the hand shake after the test', runTimeout);
         const mine = formatPerftestBwReport(report ?? ZERO_REPORT);
         const got: Buffer[] = [];
         for (let i = 0; i < 5; i++) {
@@ -486,11 +489,13 @@ class Session implements PerftestSession {
         if (r instanceof OobError) throw r;
         remote = r;
       }
-      // ctx_close_connection: a hand shake, then "done" both ways.
-      await this.sendSensitive(() => this.handShake(0, 'the closing hand shake'));
-      await writeAll(this.socket, PERFTEST_DONE, this.peer, '"done"');
-      const done = await this.reader.readCString(PERFTEST_DONE.length, this.stepTimeout, '"done"');
-      if (!done.equals(PERFTEST_DONE)) throw new OobError('ERR_OOB_MALFORMED', `expected "done\\0" at the end, got ${printable(done)}`);
+      // ctx_close_connection: a hand shake (for send, the server waits in it for the client
+      // to finish), then each side writes "done" and closes without reading the other's. The
+      // hand shake is the last word: once it is through, the peer has ours, so a "done" that
+      // cannot be sent (the peer closed first) fails nothing, as in perftest, and theirs is
+      // not waited for (it may come late, or never).
+      await this.sendSensitive(() => this.handShake(0, 'the closing hand shake', this.verb === 'send' ? runTimeout : this.stepTimeout));
+      await writeAll(this.socket, PERFTEST_DONE, this.peer, '"done"').catch(() => undefined);
       this.stage = 'finished';
       this.close();
       return remote;

@@ -122,6 +122,17 @@ for (const c of CASES) {
   });
 }
 
+t.test('--rate_limit paces the sender: a UC send stream at 2 MB/s', async (t) => {
+  // Unpaced, the loopback carries this at tens of MB/s; paced, the average stays near the rate
+  // (a little above it: the pacer's bucket lets the first 64 KiB go at once).
+  const args = ['send', '-c', 'UC', '-s', '262144', '-n', '5', '-m', '1024'];
+  const { server, client } = await pair(args, [...args, '--rate_limit=2', '--rate_units=M']);
+  t.equal(server.code, 0, `server exits 0: ${server.stderr}`);
+  t.equal(client.code, 0, `client exits 0: ${client.stderr}`);
+  const avg = Number(REPORT.exec(client.stdout)?.[4]);
+  t.ok(avg > 0 && avg < 2 * 1.3, `the client's average, ${avg} MB/s, is about the 2 MB/s asked for`);
+});
+
 t.test('a write client against a read server: both refuse, exit 3', async (t) => {
   const { server, client } = await pair(['read', '-n', '5'], ['write', '-n', '5']);
   t.equal(client.code, 3);
@@ -142,6 +153,10 @@ const BAD: { args: string[]; code: number; re: RegExp }[] = [
   { args: ['perf', 'write', '--seed', '3'], code: 2, re: /--seed goes with --loss/ },
   { args: ['perf', 'write', '--bind', 'nowhere'], code: 2, re: /--bind needs an IPv4 or IPv6 address/ },
   { args: ['perf', 'write', '--frobnicate'], code: 2, re: /Unknown option '--frobnicate'/ },
+  { args: ['perf', 'write', '--rate_limit=fast'], code: 2, re: /--rate_limit must be a positive number, not 'fast'/ },
+  { args: ['perf', 'write', '--rate_limit=1', '--rate_limit_type=SW'], code: 2, re: /--rate_limit_type=SW is not implemented/ },
+  { args: ['perf', 'write', '--rate_limit=1', '--rate_units=p'], code: 2, re: /packets per second are not supported with the HW rate limit/ },
+  { args: ['perf', 'write', '--rate_units=M'], code: 2, re: /go with --rate_limit/ },
   { args: ['perf', 'write', '127.0.0.1', '--bind', '192.0.2.1', '--udp-port', '45678'], code: 4, re: /cannot bind RoCEv2 UDP 192\.0\.2\.1:45678: EADDRNOTAVAIL/ },
 ];
 

@@ -144,7 +144,7 @@ export function sha256(b: Uint8Array): string {
 import { newCounters } from '../../src/core/counters.js';
 import { CompletionQueue } from '../../src/core/cq.js';
 import { MrTable, ProtectionDomain, type MemoryRegion } from '../../src/core/mr.js';
-import { QueuePair } from '../../src/core/qp.js';
+import { ASAP, QueuePair } from '../../src/core/qp.js';
 import type { AsyncEvent } from '../../src/core/types.js';
 import { emitPacket, packetLength, parsePacket, type RocePacket } from '../../src/wire/packet.js';
 import { opcodeOf } from '../../src/wire/opcode.js';
@@ -232,10 +232,15 @@ export class EngineHarness {
     this.qp.onPacket(this.now, r.packet, r.info, { srcAddress: PEER.address, dstAddress: '10.0.0.1', udpLength: b.length });
   }
 
-  /** Runs the QP's due work at `at` (default: now) and returns what it sent since the last call. */
+  /**
+   * Runs the QP's due work at `at` (default: now), as the device would: again while it asks to
+   * run at once (an expired ACK timer is decided on the run after the one that saw it expire);
+   * returns what it sent since the last call.
+   */
   poll(at = this.now, budget = 1 << 20): RocePacket[] {
     this.now = at;
     this.qp.poll(at, budget);
+    for (let i = 0; i < 4 && this.qp.pollAt() === ASAP; i++) this.qp.poll(at, budget);
     return this.take();
   }
 

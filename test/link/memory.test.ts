@@ -53,7 +53,7 @@ t.test('a bit flipped in flight is caught by the ICRC (rx hook)', (t) => {
   t.end();
 });
 
-t.test('IPv6 pair, custom addresses; icrc off appends nothing', (t) => {
+t.test('IPv6 pair, custom addresses; icrc off appends a zero ICRC field', (t) => {
   const clock = new VirtualClock();
   const [a, b] = MemoryLink.pair(clock, { a: { address: 'fd00::a', port: 4791 }, b: { address: 'fd00::b', port: 5000 } });
   t.equal(a.caps.family, 6);
@@ -65,10 +65,14 @@ t.test('IPv6 pair, custom addresses; icrc off appends nothing', (t) => {
 
   const [c, d] = MemoryLink.pair(clock, { icrc: false });
   const gotD = recorder(d);
-  c.send(d.local, 1, [...sendOnly(4, new Uint8Array(4)), new Uint8Array([1, 2, 3, 4])]);
+  c.send(d.local, 1, sendOnly(4, new Uint8Array([1, 2, 3, 4])));
+  c.sendRaw(d.local, 1, Uint8Array.from([...sendOnly(4, new Uint8Array(4)).flatMap((p) => [...p]), 9, 9, 9, 9]));
   clock.run();
-  t.equal(gotD[0]?.payload.length, 12 + 4 + 4, 'caller-supplied ICRC bytes, none added');
+  // The field is there, so the receiver's parser finds the payload whole (A17: the ICRC ends every packet).
+  t.same([...(gotD[0]?.payload ?? [])].slice(-8), [1, 2, 3, 4, 0, 0, 0, 0], 'send: the ICRC field is present, zero');
   t.equal(gotD[0]?.meta.icrc, 'unchecked');
+  t.equal(gotD[1]?.payload.length, 12 + 4 + 4, 'sendRaw: the bytes as given, nothing added');
+  t.same([...(gotD[1]?.payload ?? [])].slice(-4), [9, 9, 9, 9]);
   t.end();
 });
 

@@ -235,6 +235,32 @@ t.test('our client against a scripted ib_write_bw server: the exact byte sequenc
   ], 'what ib_write_bw\'s client sent in the lab, byte for byte');
 });
 
+t.test('our client against a scripted ib_send_bw server: no hand shake after the test, "done" not awaited', async (t) => {
+  const sk = ascii(W.serverKey);
+  const ck = { lid: 0, outReads: 1, qpn: 0x15, psn: 0x29baf0, rkey: 0, vaddr: 0x55fb36b1a000n, gid: v4gid(3), srqn: 0 };
+  // send_bw.c (RUN_REGULAR): keys, the hand shake after connecting, one per QP, one before the
+  // test; after it only ctx_close_connection: a hand shake, "done", close. The peer here
+  // closes without any "done" of its own: ours must still go out, and finish() resolve.
+  for (const peerDone of [true, false]) {
+    const port = await freePort();
+    const peer = fakeServer(port, [
+      ...preamble(),
+      ...Array.from({ length: 4 }, () => ({ read: 'cstr' as const, reply: sk })),
+      { read: 'cstr' as const, reply: peerDone ? Buffer.concat([sk, PERFTEST_DONE]) : sk },
+      { read: 'cstr' as const, reply: undefined },
+    ]);
+    const c = await perftestClientExchange('127.0.0.1', port, { verb: 'send', local: ck, connectTimeoutMs: 2000, stepTimeoutMs: 2000, runTimeoutMs: 2000 });
+    await c.ready();
+    t.equal(await c.finish(), undefined, `finish() resolves (peer's "done" ${peerDone ? 'sent' : 'never sent'})`);
+    const got = (await peer).map(hex);
+    t.same(got, [
+      W.version, W.cycle, W.line, W.mtu,
+      ...Array.from({ length: 5 }, () => hex(formatPerftestKey(ck))),
+      W.done,
+    ], 'versions, sizes, MTU, five key messages, "done"');
+  }
+});
+
 t.test('refusals', async (t) => {
   const sk = ascii(W.serverKey);
   const run = async (verb: PerftestVerb, steps: Parameters<typeof fakeServer>[1], local: PerftestKey | PerftestKey[], phase: 'start' | 'ready' | 'finish' = 'start') => {
