@@ -42,7 +42,9 @@ export interface Side {
 
 /** Opens a device on `address`, port 0, with one PD and one CQ. */
 export async function openSide(address: string, mtu: number, cqe: number): Promise<Side> {
-  const ctx = await openDevice({ address, port: 0, mtu });
+  // ROCE_BENCH_SEND_MODE=ring|scatter compares UdpLink's two send paths (see src/link/udp.ts).
+  const mode = process.env['ROCE_BENCH_SEND_MODE'];
+  const ctx = await openDevice({ address, port: 0, mtu, ...(mode === 'ring' || mode === 'scatter' ? { udp: { sendMode: mode } } : {}) });
   const pd = allocPd(ctx);
   const cq = createCq(ctx, { cqe });
   return { ctx, pd, cq };

@@ -187,10 +187,14 @@ export async function run(opts: SuiteOptions): Promise<BenchRow[]> {
   const windowMs = quick ? 300 : 1000;
   const rounds = quick ? 3 : 5;
   const cases: (ProcCase & { op: RcOp; mtu: number; size: number })[] = [];
+  // ROCE_BENCH_ONLY=<regexp>: only the rows whose name matches (for before/after runs of one case).
+  const onlyEnv = process.env['ROCE_BENCH_ONLY'];
+  const only = onlyEnv ? new RegExp(onlyEnv) : undefined;
   for (const mtu of RC_MTUS) {
     for (const size of [MiB, 4 * KiB]) {
       for (const op of RC_OPS) {
         const depth = depthFor(size);
+        if (only !== undefined && !only.test(rcRowName(op, mtu, size))) continue;
         cases.push({
           name: rcRowName(op, mtu, size),
           op, mtu, size,
