@@ -105,6 +105,17 @@ export class Responder {
   private resources: (Resource | undefined)[] = [];
   private resHead = 0;
   private readonly jobs: ReadJob[] = [];
+  /**
+   * A coalesced ACK (IBTA 9.7.4.1.x, C9-99 area: an ACK for PSN n acknowledges every request up to
+   * n, so a responder may answer several AckReq packets with one). The ACK an AckReq packet asks for
+   * is held until the QP's next poll (the end of the current receive batch, one event-loop turn) and
+   * replaced by a later one; the PSN and MSN are those the ACK would have carried at once. Any
+   * other response (NAK, duplicate ACK, READ response, ATOMIC ACK) sends it first, so ACKs still
+   * leave in PSN order and never acknowledge a READ before its responses.
+   */
+  private ackPending = false;
+  private ackPsn: Psn = 0;
+  private ackMsn = 0;
   private readonly hb = new HeaderBuilder();
   private readonly f = blankFields();
   private readonly parts: Uint8Array[] = [];
@@ -120,11 +131,17 @@ export class Responder {
     this.resources = new Array<Resource | undefined>(Math.max(0, maxDestRdAtomic)).fill(undefined);
     this.resHead = 0;
     this.jobs.length = 0;
+    this.ackPending = false;
   }
 
   /** READ responses waiting to go out. */
   get hasWork(): boolean {
     return this.jobs.length > 0;
+  }
+
+  /** A coalesced ACK waits for `flushAck`. */
+  get hasAck(): boolean {
+    return this.ackPending;
   }
 
   /** Drops the message in progress (QP reset/error). */
@@ -391,9 +408,14 @@ export class Responder {
     // until the receive completion is built.
     if (info.consumesRecv && info.end) this.completeRecv(ctx, rq, pkt, info, 'SUCCESS');
     if (info.end && info.kind === 'write') this.write = undefined;
-    // Acknowledge (9.7.4.1): RC answers packets with AckReq; coalescing is the requester's
-    // choice of AckReq (last packet, and every MAX_PKT_PER_ACK).
-    if (ctx.type === 'RC' && pkt.bth.ackReq) this.sendAck(ctx, ackSyndrome(), pkt.bth.psn);
+    // Acknowledge (9.7.4.1): RC answers packets with AckReq (the requester sets it on the last
+    // packet of a message and every MAX_PKT_PER_ACK); the answers to one receive batch are
+    // coalesced into the last one (see `ackPending`).
+    if (ctx.type === 'RC' && pkt.bth.ackReq) {
+      this.ackPending = true;
+      this.ackPsn = pkt.bth.psn;
+      this.ackMsn = this.msn;
+    }
     return OK;
   }
 
@@ -580,7 +602,19 @@ export class Responder {
   // ---------------------------------------------------------------------------------------
   // Output
 
+  /** Sends the coalesced ACK, if one is waiting. */
+  flushAck(ctx: EngineContext): void {
+    if (!this.ackPending) return;
+    this.ackPending = false;
+    this.writeAck(ctx, ackSyndrome(), this.ackPsn, this.ackMsn);
+  }
+
   private sendAck(ctx: EngineContext, syndrome: number, psn: Psn): void {
+    this.flushAck(ctx);
+    this.writeAck(ctx, syndrome, psn, this.msn);
+  }
+
+  private writeAck(ctx: EngineContext, syndrome: number, psn: Psn, msn: number): void {
     const f = this.f;
     f.opcode = RC_ACK;
     f.destQp = ctx.attrs.destQpNum;
@@ -589,13 +623,14 @@ export class Responder {
     f.se = false;
     f.padCount = 0;
     f.syndrome = syndrome;
-    f.msn = this.msn;
+    f.msn = msn;
     this.parts.length = 0;
     this.parts.push(this.hb.build(f));
     ctx.transmit(ctx.attrs.dest!, this.parts);
   }
 
   private sendAtomicAck(ctx: EngineContext, psn: Psn, orig: bigint): void {
+    this.flushAck(ctx);
     const f = this.f;
     f.opcode = RC_ATOMIC_ACK;
     f.destQp = ctx.attrs.destQpNum;
@@ -614,6 +649,7 @@ export class Responder {
   /** Sends up to `budget` READ response packets (rxe read_reply); returns how many. */
   emitReads(ctx: EngineContext, budget: number): number {
     let sent = 0;
+    if (this.jobs.length > 0) this.flushAck(ctx);
     const mtu = ctx.attrs.pathMtu;
     while (sent < budget && this.jobs.length > 0) {
       const job = this.jobs[0]!;
