@@ -24,7 +24,7 @@ import { psnAdd, psnDiff } from '../wire/psn.js';
 import { ipv4Checksum, parseIpAddress } from '../wire/frame.js';
 import type { EngineContext, RxInfo } from './context.js';
 import type { CounterName } from './counters.js';
-import { blankFields, HeaderBuilder, PAD } from './headers.js';
+import { blankFields, PAD, SHARED_HEADER_BUILDER } from './headers.js';
 import { resolveSges, scatter, type MemoryRegion } from './mr.js';
 import { ACCESS, WC_FLAGS, type Psn, type WcStatus, type WorkCompletion } from './types.js';
 import type { RecvWqe, WorkQueue } from './wqe.js';
@@ -102,7 +102,9 @@ export class Responder {
   private recv: { wqe: RecvWqe; segments: Uint8Array[]; offset: number } | undefined;
   /** The RDMA WRITE in progress. */
   private write: { va: bigint; rkey: number; resid: number; length: number } | undefined;
-  private resources: (Resource | undefined)[] = [];
+  /** READ/atomic resources, grown on use up to `resCap` (maxDestRdAtomic), then a ring. */
+  private resources: Resource[] = [];
+  private resCap = 0;
   private resHead = 0;
   private readonly jobs: ReadJob[] = [];
   /**
@@ -116,7 +118,7 @@ export class Responder {
   private ackPending = false;
   private ackPsn: Psn = 0;
   private ackMsn = 0;
-  private readonly hb = new HeaderBuilder();
+  private readonly hb = SHARED_HEADER_BUILDER;
   private readonly f = blankFields();
   private readonly parts: Uint8Array[] = [];
 
@@ -128,7 +130,9 @@ export class Responder {
     this.dropMsg = false;
     this.recv = undefined;
     this.write = undefined;
-    this.resources = new Array<Resource | undefined>(Math.max(0, maxDestRdAtomic)).fill(undefined);
+    // Grown on use: most QPs never see a READ or atomic, and an idle QP should cost little.
+    this.resources = [];
+    this.resCap = Math.max(0, maxDestRdAtomic);
     this.resHead = 0;
     this.jobs.length = 0;
     this.ackPending = false;
@@ -504,9 +508,11 @@ export class Responder {
 
   /** The responder resource ring holds maxDestRdAtomic entries; the oldest is recycled. */
   private remember(res: Resource): void {
-    if (this.resources.length === 0) return;
-    this.resources[this.resHead] = res;
-    this.resHead = (this.resHead + 1) % this.resources.length;
+    const cap = this.resCap;
+    if (cap === 0) return;
+    if (this.resources.length < cap) this.resources.push(res);
+    else this.resources[this.resHead] = res;
+    this.resHead = (this.resHead + 1) % cap;
   }
 
   private findResource(psn: Psn): Resource | undefined {
