@@ -102,6 +102,9 @@ export class Responder {
   private recv: { wqe: RecvWqe; segments: Uint8Array[]; offset: number } | undefined;
   /** The RDMA WRITE in progress. */
   private write: { va: bigint; rkey: number; resid: number; length: number } | undefined;
+  /** The region and offset `checkRkey` found for the WRITE packet being executed. */
+  private writeMr: MemoryRegion | undefined;
+  private writeOff = 0;
   /** READ/atomic resources, grown on use up to `resCap` (maxDestRdAtomic), then a ring. */
   private resources: Resource[] = [];
   private resCap = 0;
@@ -324,6 +327,10 @@ export class Responder {
       if (w.length === 0 && pkt.reth) return undefined; // a zero-length WRITE needs no valid R_Key (9.4.4)
       const r = ctx.mrs.remote(ctx.pd, w.rkey, ACCESS.REMOTE_WRITE, w.va, w.resid);
       if (!r.ok) return this.rkeyFault(ctx, `WRITE ${r.fault} rkey=0x${w.rkey.toString(16)}`);
+      // Where this packet's payload goes; `execute` runs next for the same packet, nothing between
+      // can change the region, so it need not look it up (and do the BigInt bounds arithmetic) again.
+      this.writeMr = r.mr;
+      this.writeOff = r.offset;
       const mtu = ctx.attrs.pathMtu;
       const n = pkt.payload.length;
       if (w.resid > mtu ? n !== mtu : n !== w.resid) {
@@ -383,9 +390,10 @@ export class Responder {
         const w = this.write!;
         const n = pkt.payload.length;
         if (n > 0) {
-          const l = ctx.mrs.remote(ctx.pd, w.rkey, ACCESS.REMOTE_WRITE, w.va, n);
-          if (!l.ok) return this.handle(ctx, rq, pkt, info, this.rkeyFault(ctx, 'WRITE target vanished'));
-          l.mr.buffer.set(pkt.payload, l.offset);
+          const mr = this.writeMr;
+          if (mr === undefined) return this.handle(ctx, rq, pkt, info, this.rkeyFault(ctx, 'WRITE target vanished'));
+          mr.buffer.set(pkt.payload, this.writeOff);
+          this.writeMr = undefined;
         }
         w.va += BigInt(n);
         w.resid -= n;
