@@ -410,7 +410,8 @@ export class UdpLink implements WireLink {
         d.set(p, o);
         o += p.length;
       }
-      if (gen) writeIcrc(d, icrcOfUdpPayload(this.icrcInfo(dstAddr, dst.port, port), d));
+      // Over the parts, not the slice: the same value, without a view of the slice for the CRC.
+      if (gen) writeIcrc(d, icrcOfParts(this.icrcInfo(dstAddr, dst.port, port), parts, len));
       this.transmit(socket, dst, d);
       return;
     }
