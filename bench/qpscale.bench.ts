@@ -33,7 +33,7 @@ const SIZE = 4096;
 const DEPTH = 128;
 /**
  * READs outstanding per QP: 16, a common HCA maximum, rather than the 128 the goodput suite asks for.
- * The responder sizes a table by it at RTR, so it shows in the idle figure (128 adds ~0.9 KiB per QP).
+ * (The responder's table for them grows on use, so it no longer shows in the idle figure.)
  */
 const RD_ATOMIC_SCALE = 16;
 

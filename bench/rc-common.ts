@@ -42,7 +42,9 @@ export interface Side {
 
 /** Opens a device on `address`, port 0, with one PD and one CQ. */
 export async function openSide(address: string, mtu: number, cqe: number): Promise<Side> {
-  const ctx = await openDevice({ address, port: 0, mtu });
+  // ROCE_BENCH_SEND_MODE=ring|scatter compares UdpLink's two send paths (see src/link/udp.ts).
+  const mode = process.env['ROCE_BENCH_SEND_MODE'];
+  const ctx = await openDevice({ address, port: 0, mtu, ...(mode === 'ring' || mode === 'scatter' ? { udp: { sendMode: mode } } : {}) });
   const pd = allocPd(ctx);
   const cq = createCq(ctx, { cqe });
   return { ctx, pd, cq };
@@ -121,6 +123,8 @@ export interface PumpResult {
   seconds: number;
   /** Whether every outstanding WR completed after the window (false: the drain timed out). */
   drained: boolean;
+  /** CPU time (user + system) this process spent inside the window, µs: steadier than goodput on a loaded machine. */
+  cpuUs: number;
 }
 
 /**
@@ -144,6 +148,7 @@ export async function pump(cq: Cq, post: (n: number) => void, depth: number, war
   let tEnd = Infinity;
   let m0 = 0;
   let b0 = 0;
+  let cpu0 = process.cpuUsage();
   let result: PumpResult | undefined;
   let seen = -1;
   let stalled = false;
@@ -182,9 +187,11 @@ export async function pump(cq: Cq, post: (n: number) => void, depth: number, war
           tEnd = now + windowMs;
           m0 = msgs;
           b0 = bytes;
+          cpu0 = process.cpuUsage();
         }
       } else if (now >= tEnd) {
-        result = { msgs: msgs - m0, bytes: bytes - b0, seconds: (now - t0) / 1000, drained: false };
+        const cpu = process.cpuUsage(cpu0);
+        result = { msgs: msgs - m0, bytes: bytes - b0, seconds: (now - t0) / 1000, drained: false, cpuUs: cpu.user + cpu.system };
         break;
       }
       post(n);

@@ -118,6 +118,7 @@ export interface InitiatorResult {
   bytes: number;
   seconds: number;
   drained: boolean;
+  cpuUs: number;
   health: Record<string, number>;
 }
 
@@ -187,10 +188,14 @@ export async function run(opts: SuiteOptions): Promise<BenchRow[]> {
   const windowMs = quick ? 300 : 1000;
   const rounds = quick ? 3 : 5;
   const cases: (ProcCase & { op: RcOp; mtu: number; size: number })[] = [];
+  // ROCE_BENCH_ONLY=<regexp>: only the rows whose name matches (for before/after runs of one case).
+  const onlyEnv = process.env['ROCE_BENCH_ONLY'];
+  const only = onlyEnv ? new RegExp(onlyEnv) : undefined;
   for (const mtu of RC_MTUS) {
     for (const size of [MiB, 4 * KiB]) {
       for (const op of RC_OPS) {
         const depth = depthFor(size);
+        if (only !== undefined && !only.test(rcRowName(op, mtu, size))) continue;
         cases.push({
           name: rcRowName(op, mtu, size),
           op, mtu, size,
@@ -208,6 +213,8 @@ export async function run(opts: SuiteOptions): Promise<BenchRow[]> {
               retrans: h['retransPkts'] ?? 0,
               timeouts: (h['ackTimeouts'] ?? 0) + (h['compRetry'] ?? 0),
               drained: tx.drained ? 1 : 0,
+              txCpuUsPerMB: tx.cpuUs / (tx.bytes / 1e6),
+              txBusy: tx.cpuUs / 1e6 / tx.seconds,
             };
           },
         });
@@ -235,7 +242,7 @@ export async function run(opts: SuiteOptions): Promise<BenchRow[]> {
     const undrained = o.rounds.filter((x) => x['drained'] === 0).length;
     const windowed = opts.baselines?.find((b) => b.name === dgramBaselineName(dsize, 'windowed unconnected'));
     const vsWindowed = windowed && Number.isFinite(windowed.value) ? `, ${(o.medians['gbps']! / windowed.value).toFixed(2)} of windowed unconnected` : '';
-    notes.push(`${c.name}: ${o.medians['kmsgs']!.toFixed(1)} k msgs/s${vsWindowed}; over ${o.rounds.length} rounds ${retrans} retransmitted packets, ${timeouts} ACK timeouts/retries${undrained ? `, ${undrained} rounds not drained` : ''}`);
+    notes.push(`${c.name}: ${o.medians['kmsgs']!.toFixed(1)} k msgs/s${vsWindowed}; initiator CPU ${o.medians['txCpuUsPerMB']!.toFixed(0)} µs/MB, busy ${(100 * o.medians['txBusy']!).toFixed(0)} %; over ${o.rounds.length} rounds ${retrans} retransmitted packets, ${timeouts} ACK timeouts/retries${undrained ? `, ${undrained} rounds not drained` : ''}`);
   });
   for (const n of notes) opts.log?.(n);
   return rows;

@@ -121,6 +121,8 @@ export class QueuePair implements EngineContext {
 
   /** The single writer of `state`; applies what entering `next` means. */
   setState(next: QpState, reason: string): void {
+    // A coalesced ACK answers what was received before the change: it goes out first.
+    if (this.responder.hasAck) this.responder.flushAck(this);
     const from = this._state;
     this._state = next;
     this.stateReason = reason;
@@ -374,6 +376,11 @@ export class QueuePair implements EngineContext {
       if (r.error) this.failSend(r.error.wqe, r.error.status, 0, 'local error');
       if (this.type !== 'RC') this.retireDone();
     }
+    // The coalesced ACK of the receive batch, after our own requests (a reply goes out first).
+    if (this.responder.hasAck) {
+      this.responder.flushAck(this);
+      sent++;
+    }
     if (st === 'RTR' || st === 'RTS' || st === 'SQD' || st === 'SQE') sent += this.responder.emitReads(this, budget - sent);
     this.checkSqDrained();
     return sent;
@@ -391,7 +398,7 @@ export class QueuePair implements EngineContext {
       if (at <= this.now) return ASAP;
       t = earliest(at, this.cc.timerAt());
     }
-    if (this.responder.hasWork && st !== 'ERR' && st !== 'RESET') return ASAP;
+    if (this.responder.hasAck || (this.responder.hasWork && st !== 'ERR' && st !== 'RESET')) return ASAP;
     if (this.ackExpired && this.ackDeadline !== undefined) return ASAP;
     t = earliest(t, this.rnrUntil);
     t = earliest(t, this.ackDeadline);

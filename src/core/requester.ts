@@ -21,7 +21,7 @@ import { psnAdd, psnDiff, psnLt } from '../wire/psn.js';
 import { OPCODE } from '../wire/opcode.js';
 import { padFor } from '../wire/packet.js';
 import type { EngineContext } from './context.js';
-import { blankFields, HeaderBuilder, PAD } from './headers.js';
+import { blankFields, PAD, SHARED_HEADER_BUILDER } from './headers.js';
 import { DEVICE_LIMITS, MAX_PKT_PER_ACK, MAX_UNACKED_PSNS } from './limits.js';
 import { gather, resolveSges } from './mr.js';
 import type { Psn, QpType, WcStatus, WrOpcode } from './types.js';
@@ -49,19 +49,24 @@ export const WR_OPCODES_FOR: Readonly<Record<QpType, readonly WrOpcode[]>> = {
   UD: ['SEND', 'SEND_WITH_IMM'],
 };
 
-/** The request opcode table: [transport][verb][position] → BTH opcode. Built once from OPCODE. */
-const NEXT_OPCODE: Record<string, number> = {};
+/**
+ * The request opcode table: [transport][verb][position] → BTH opcode. Built once from OPCODE; nested
+ * so that a lookup per packet builds no string key.
+ */
+const NEXT_OPCODE: Record<string, Record<string, Record<string, number>>> = {};
 for (const t of ['RC', 'UC', 'UD'] as const) {
+  const byOp: Record<string, Record<string, number>> = (NEXT_OPCODE[t] = {});
   for (const op of WR_OPCODES_FOR[t]) {
+    const byPos: Record<string, number> = (byOp[op] = {});
     for (const pos of ['FIRST', 'MIDDLE', 'LAST', 'ONLY'] as const) {
       const v = OPCODE[`${t}_${opName(op, pos)}`];
-      if (v !== undefined) NEXT_OPCODE[`${t}|${op}|${pos}`] = v;
+      if (v !== undefined) byPos[pos] = v;
     }
   }
 }
 
 export function requestOpcode(type: QpType, op: WrOpcode, pos: Pos): number {
-  const v = NEXT_OPCODE[`${type}|${op}|${pos}`];
+  const v = NEXT_OPCODE[type]?.[op]?.[pos];
   if (v === undefined) throw new RangeError(`no ${type} opcode for ${op} ${pos}`);
   return v;
 }
@@ -91,7 +96,7 @@ export class Requester {
   /** One past the highest PSN ever sent: anything below it is a retransmission. */
   private highPsn: Psn = 0;
   private noackPkts = 0;
-  private readonly hb = new HeaderBuilder();
+  private readonly hb = SHARED_HEADER_BUILDER;
   private readonly f = blankFields();
   private readonly parts: Uint8Array[] = [];
 

@@ -24,7 +24,7 @@ import { psnAdd, psnDiff } from '../wire/psn.js';
 import { ipv4Checksum, parseIpAddress } from '../wire/frame.js';
 import type { EngineContext, RxInfo } from './context.js';
 import type { CounterName } from './counters.js';
-import { blankFields, HeaderBuilder, PAD } from './headers.js';
+import { blankFields, PAD, SHARED_HEADER_BUILDER } from './headers.js';
 import { resolveSges, scatter, type MemoryRegion } from './mr.js';
 import { ACCESS, WC_FLAGS, type Psn, type WcStatus, type WorkCompletion } from './types.js';
 import type { RecvWqe, WorkQueue } from './wqe.js';
@@ -102,10 +102,26 @@ export class Responder {
   private recv: { wqe: RecvWqe; segments: Uint8Array[]; offset: number } | undefined;
   /** The RDMA WRITE in progress. */
   private write: { va: bigint; rkey: number; resid: number; length: number } | undefined;
-  private resources: (Resource | undefined)[] = [];
+  /** The region and offset `checkRkey` found for the WRITE packet being executed. */
+  private writeMr: MemoryRegion | undefined;
+  private writeOff = 0;
+  /** READ/atomic resources, grown on use up to `resCap` (maxDestRdAtomic), then a ring. */
+  private resources: Resource[] = [];
+  private resCap = 0;
   private resHead = 0;
   private readonly jobs: ReadJob[] = [];
-  private readonly hb = new HeaderBuilder();
+  /**
+   * A coalesced ACK (IBTA 9.7.4.1.x, C9-99 area: an ACK for PSN n acknowledges every request up to
+   * n, so a responder may answer several AckReq packets with one). The ACK an AckReq packet asks for
+   * is held until the QP's next poll (the end of the current receive batch, one event-loop turn) and
+   * replaced by a later one; the PSN and MSN are those the ACK would have carried at once. Any
+   * other response (NAK, duplicate ACK, READ response, ATOMIC ACK) sends it first, so ACKs still
+   * leave in PSN order and never acknowledge a READ before its responses.
+   */
+  private ackPending = false;
+  private ackPsn: Psn = 0;
+  private ackMsn = 0;
+  private readonly hb = SHARED_HEADER_BUILDER;
   private readonly f = blankFields();
   private readonly parts: Uint8Array[] = [];
 
@@ -117,14 +133,22 @@ export class Responder {
     this.dropMsg = false;
     this.recv = undefined;
     this.write = undefined;
-    this.resources = new Array<Resource | undefined>(Math.max(0, maxDestRdAtomic)).fill(undefined);
+    // Grown on use: most QPs never see a READ or atomic, and an idle QP should cost little.
+    this.resources = [];
+    this.resCap = Math.max(0, maxDestRdAtomic);
     this.resHead = 0;
     this.jobs.length = 0;
+    this.ackPending = false;
   }
 
   /** READ responses waiting to go out. */
   get hasWork(): boolean {
     return this.jobs.length > 0;
+  }
+
+  /** A coalesced ACK waits for `flushAck`. */
+  get hasAck(): boolean {
+    return this.ackPending;
   }
 
   /** Drops the message in progress (QP reset/error). */
@@ -303,6 +327,10 @@ export class Responder {
       if (w.length === 0 && pkt.reth) return undefined; // a zero-length WRITE needs no valid R_Key (9.4.4)
       const r = ctx.mrs.remote(ctx.pd, w.rkey, ACCESS.REMOTE_WRITE, w.va, w.resid);
       if (!r.ok) return this.rkeyFault(ctx, `WRITE ${r.fault} rkey=0x${w.rkey.toString(16)}`);
+      // Where this packet's payload goes; `execute` runs next for the same packet, nothing between
+      // can change the region, so it need not look it up (and do the BigInt bounds arithmetic) again.
+      this.writeMr = r.mr;
+      this.writeOff = r.offset;
       const mtu = ctx.attrs.pathMtu;
       const n = pkt.payload.length;
       if (w.resid > mtu ? n !== mtu : n !== w.resid) {
@@ -362,9 +390,10 @@ export class Responder {
         const w = this.write!;
         const n = pkt.payload.length;
         if (n > 0) {
-          const l = ctx.mrs.remote(ctx.pd, w.rkey, ACCESS.REMOTE_WRITE, w.va, n);
-          if (!l.ok) return this.handle(ctx, rq, pkt, info, this.rkeyFault(ctx, 'WRITE target vanished'));
-          l.mr.buffer.set(pkt.payload, l.offset);
+          const mr = this.writeMr;
+          if (mr === undefined) return this.handle(ctx, rq, pkt, info, this.rkeyFault(ctx, 'WRITE target vanished'));
+          mr.buffer.set(pkt.payload, this.writeOff);
+          this.writeMr = undefined;
         }
         w.va += BigInt(n);
         w.resid -= n;
@@ -391,9 +420,14 @@ export class Responder {
     // until the receive completion is built.
     if (info.consumesRecv && info.end) this.completeRecv(ctx, rq, pkt, info, 'SUCCESS');
     if (info.end && info.kind === 'write') this.write = undefined;
-    // Acknowledge (9.7.4.1): RC answers packets with AckReq; coalescing is the requester's
-    // choice of AckReq (last packet, and every MAX_PKT_PER_ACK).
-    if (ctx.type === 'RC' && pkt.bth.ackReq) this.sendAck(ctx, ackSyndrome(), pkt.bth.psn);
+    // Acknowledge (9.7.4.1): RC answers packets with AckReq (the requester sets it on the last
+    // packet of a message and every MAX_PKT_PER_ACK); the answers to one receive batch are
+    // coalesced into the last one (see `ackPending`).
+    if (ctx.type === 'RC' && pkt.bth.ackReq) {
+      this.ackPending = true;
+      this.ackPsn = pkt.bth.psn;
+      this.ackMsn = this.msn;
+    }
     return OK;
   }
 
@@ -482,9 +516,11 @@ export class Responder {
 
   /** The responder resource ring holds maxDestRdAtomic entries; the oldest is recycled. */
   private remember(res: Resource): void {
-    if (this.resources.length === 0) return;
-    this.resources[this.resHead] = res;
-    this.resHead = (this.resHead + 1) % this.resources.length;
+    const cap = this.resCap;
+    if (cap === 0) return;
+    if (this.resources.length < cap) this.resources.push(res);
+    else this.resources[this.resHead] = res;
+    this.resHead = (this.resHead + 1) % cap;
   }
 
   private findResource(psn: Psn): Resource | undefined {
@@ -580,7 +616,19 @@ export class Responder {
   // ---------------------------------------------------------------------------------------
   // Output
 
+  /** Sends the coalesced ACK, if one is waiting. */
+  flushAck(ctx: EngineContext): void {
+    if (!this.ackPending) return;
+    this.ackPending = false;
+    this.writeAck(ctx, ackSyndrome(), this.ackPsn, this.ackMsn);
+  }
+
   private sendAck(ctx: EngineContext, syndrome: number, psn: Psn): void {
+    this.flushAck(ctx);
+    this.writeAck(ctx, syndrome, psn, this.msn);
+  }
+
+  private writeAck(ctx: EngineContext, syndrome: number, psn: Psn, msn: number): void {
     const f = this.f;
     f.opcode = RC_ACK;
     f.destQp = ctx.attrs.destQpNum;
@@ -589,13 +637,14 @@ export class Responder {
     f.se = false;
     f.padCount = 0;
     f.syndrome = syndrome;
-    f.msn = this.msn;
+    f.msn = msn;
     this.parts.length = 0;
     this.parts.push(this.hb.build(f));
     ctx.transmit(ctx.attrs.dest!, this.parts);
   }
 
   private sendAtomicAck(ctx: EngineContext, psn: Psn, orig: bigint): void {
+    this.flushAck(ctx);
     const f = this.f;
     f.opcode = RC_ATOMIC_ACK;
     f.destQp = ctx.attrs.destQpNum;
@@ -614,6 +663,7 @@ export class Responder {
   /** Sends up to `budget` READ response packets (rxe read_reply); returns how many. */
   emitReads(ctx: EngineContext, budget: number): number {
     let sent = 0;
+    if (this.jobs.length > 0) this.flushAck(ctx);
     const mtu = ctx.attrs.pathMtu;
     while (sent < budget && this.jobs.length > 0) {
       const job = this.jobs[0]!;

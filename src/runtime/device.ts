@@ -155,6 +155,8 @@ export class Device {
   }
 
   destroyQp(qp: QueuePair): void {
+    // The coalesced ACK of the last receive batch still goes out, as it would have at once.
+    if (!this.closed && this.qps.has(qp.qpn)) qp.responder.flushAck(qp);
     this.cancel(qp);
     this.ready.delete(qp);
     this.qps.delete(qp.qpn);
@@ -173,10 +175,11 @@ export class Device {
   kick(qp: QueuePair): void {
     if (this.closed || !this.qps.has(qp.qpn)) return;
     const t = qp.pollAt();
-    if (t === undefined) {
-      this.cancel(qp);
-      return;
-    }
+    // A timer already armed for this deadline or an earlier one is kept: most kicks move the ACK
+    // deadline a little later (every ACK restarts it) or clear it, and clearing and re-arming a
+    // timer per ACK cost more than the odd early wake-up, which polls, finds nothing due and
+    // re-arms for the real deadline (runQp → kick).
+    if (t === undefined) return;
     const now = this.clock.now();
     if (t <= now) {
       this.cancel(qp);
@@ -185,7 +188,7 @@ export class Device {
       return;
     }
     const s = this.sched.get(qp);
-    if (s && s.at === t) return;
+    if (s && s.at <= t) return;
     this.cancel(qp);
     const handle = this.clock.at(t, () => {
       this.sched.delete(qp);
@@ -313,6 +316,8 @@ export class Device {
 
   async close(): Promise<void> {
     if (this.closed) return;
+    // Coalesced ACKs still waiting for the end of the receive batch go out before the link closes.
+    for (const qp of this.ready) qp.responder.flushAck(qp);
     this.closed = true;
     this.gsi.close();
     for (const qp of [...this.sched.keys()]) this.cancel(qp);

@@ -201,3 +201,45 @@ t.test('UD: GRH area, byte length and source QP', async (t) => {
   t.same(dst.buffer.subarray(40, 90), pattern(50));
   t.equal(aethValue(0), 0);
 });
+
+t.test('ACK coalescing: one ACK per receive batch, never ahead of a NAK or a READ response', async (t) => {
+  t.test('two AckReq packets in one batch: one ACK, the later PSN and its MSN', async (t) => {
+    const h = new EngineHarness('RC');
+    const dst = h.mr(1024);
+    h.qp.postRecv(0, [{ wrId: 1, sgList: [dst.sge(0, 512)] }, { wrId: 2, sgList: [dst.sge(512, 512)] }]);
+    h.send({ bth: bth('RC_SEND_ONLY', E, { ackReq: true }), payload: pattern(16) });
+    h.send({ bth: bth('RC_SEND_ONLY', E + 1, { ackReq: true }), payload: pattern(16) });
+    t.equal(h.rcq.length, 2, 'both messages completed before the ACK left');
+    const out = h.take();
+    t.same(h.names(out), ['ACKNOWLEDGE@501']);
+    t.equal(out[0]!.aeth!.msn, 2);
+    t.equal(aethKind(syn(out[0]!)), 'ACK');
+  });
+
+  t.test('a NAK sends the waiting ACK first, in PSN order', async (t) => {
+    const h = new EngineHarness('RC');
+    const mr = h.mr(1024);
+    h.send({ bth: bth('RC_RDMA_WRITE_ONLY', E, { ackReq: true }), reth: { va: mr.va(0), rkey: mr.rkey, dmaLength: 8 }, payload: pattern(8) });
+    h.send({ bth: bth('RC_RDMA_WRITE_ONLY', E + 3, { ackReq: true }), reth: { va: mr.va(0), rkey: mr.rkey, dmaLength: 8 }, payload: pattern(8) });
+    const out = h.take();
+    t.same(h.names(out), ['ACKNOWLEDGE@500', 'ACKNOWLEDGE@501']);
+    t.equal(aethKind(syn(out[0]!)), 'ACK');
+    t.equal(syn(out[1]!), nakSyndrome(NAK_CODE.PSN_SEQUENCE_ERROR));
+  });
+
+  t.test('a READ after a waiting ACK: the ACK carries the WRITE\'s PSN and leaves before the responses', async (t) => {
+    const h = new EngineHarness('RC');
+    const mr = h.mr(pattern(600, 3));
+    h.send({ bth: bth('RC_RDMA_WRITE_ONLY', E, { ackReq: true }), reth: { va: mr.va(0), rkey: mr.rkey, dmaLength: 8 }, payload: pattern(8) });
+    h.send({ bth: bth('RC_RDMA_READ_REQUEST', E + 1, { ackReq: true }), reth: { va: mr.va(0), rkey: mr.rkey, dmaLength: 300 } });
+    t.same(h.names(h.poll()), ['ACKNOWLEDGE@500', 'RDMA_READ_RESPONSE_FIRST@501', 'RDMA_READ_RESPONSE_LAST@502']);
+  });
+
+  t.test('a state change sends the waiting ACK first', async (t) => {
+    const h = new EngineHarness('RC');
+    const mr = h.mr(64);
+    h.send({ bth: bth('RC_RDMA_WRITE_ONLY', E, { ackReq: true }), reth: { va: mr.va(0), rkey: mr.rkey, dmaLength: 8 }, payload: pattern(8) });
+    h.qp.modify(0, { qpState: 'RESET' }); // RESET forgets the responder's state, the ACK included
+    t.same(h.names(h.take()), ['ACKNOWLEDGE@500']);
+  });
+});

@@ -244,7 +244,9 @@ export class EngineHarness {
     return this.take();
   }
 
+  /** What the QP sent since the last call; the receive batch ends here, so a coalesced ACK goes out first. */
   take(): RocePacket[] {
+    this.qp.responder.flushAck(this.qp);
     const s = this.sent;
     this.sent = [];
     return s;

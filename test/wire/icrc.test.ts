@@ -423,3 +423,68 @@ t.test('malformed input never throws from the checks', async (t) => {
   t.equal(threw, 0, '20000 random buffers: no throw');
   t.equal(ok, 0, 'and none verifies');
 });
+
+t.test('send/receive path: consecutive packets that differ in one header input each get their own ICRC', async (t) => {
+  // The IP + UDP part of the pseudo header is cached between calls; every input it depends on is
+  // changed in turn, and each result is checked against the ICRC of the same packet behind a real
+  // IPv4 header (icrcOfIpDatagram, which rebuilds nothing from `info`).
+  const rnd = xorshift32(0x1c4c);
+  const payload = (n: number): Uint8Array => {
+    const p = new Uint8Array(n);
+    for (let i = 0; i < n; i++) p[i] = rnd() & 0xff;
+    return p;
+  };
+  const ipDatagram = (info: UdpDatagramInfo, udp: Uint8Array): Uint8Array => {
+    const ip = new Uint8Array(28 + udp.length);
+    ip[0] = 0x45;
+    const total = ip.length;
+    ip[2] = total >>> 8;
+    ip[3] = total & 0xff;
+    ip[4] = (info.ipId ?? 0) >>> 8;
+    ip[5] = (info.ipId ?? 0) & 0xff;
+    ip[6] = (info.ipFlagsFrag ?? 0x4000) >>> 8;
+    ip[7] = (info.ipFlagsFrag ?? 0x4000) & 0xff;
+    ip[8] = 64;
+    ip[9] = 17;
+    ip.set(info.srcAddr, 12);
+    ip.set(info.dstAddr, 16);
+    ip[20] = info.srcPort >>> 8;
+    ip[21] = info.srcPort & 0xff;
+    ip[22] = info.dstPort >>> 8;
+    ip[23] = info.dstPort & 0xff;
+    ip[24] = (8 + udp.length) >>> 8;
+    ip[25] = (8 + udp.length) & 0xff;
+    ip.set(udp, 28);
+    return ip;
+  };
+  const base: UdpDatagramInfo = {
+    family: 4, srcAddr: new Uint8Array([10, 0, 0, 1]), dstAddr: new Uint8Array([10, 0, 0, 2]), srcPort: 0xc001, dstPort: 4791, ipId: 0, ipFlagsFrag: 0x4000,
+  };
+  const variants: [string, (i: UdpDatagramInfo) => UdpDatagramInfo][] = [
+    ['same', (i) => i],
+    ['srcAddr', (i) => ({ ...i, srcAddr: new Uint8Array([10, 0, 0, 3]) })],
+    ['dstAddr in place', (i) => { i.dstAddr[3] = 9; return i; }],
+    ['srcPort', (i) => ({ ...i, srcPort: 0xc002 })],
+    ['dstPort', (i) => ({ ...i, dstPort: 4792 })],
+    ['ipId', (i) => ({ ...i, ipId: 0x1234 })],
+    ['flags', (i) => ({ ...i, ipFlagsFrag: 0 })],
+  ];
+  let checked = 0;
+  for (const len of [64, 1060, 4124]) {
+    for (const [name, change] of variants) {
+      const before: UdpDatagramInfo = { ...base, srcAddr: base.srcAddr.slice(), dstAddr: base.dstAddr.slice() };
+      const p1 = payload(len);
+      const p2 = payload(len);
+      t.equal(icrcOfUdpPayload(before, p1), icrcOfIpDatagram(ipDatagram(before, p1)), `${name} ${len}: first`);
+      const after = change(before);
+      t.equal(icrcOfUdpPayload(after, p2), icrcOfIpDatagram(ipDatagram(after, p2)), `${name} ${len}: after the change`);
+      // And back-to-back without the reference in between (it resets the cache).
+      const a = icrcOfUdpPayload(after, p1);
+      const b = icrcOfParts(after, [p1.subarray(0, 20), p1.subarray(20, len - 4)], len);
+      t.equal(a, b, `${name} ${len}: icrcOfParts agrees`);
+      t.equal(a, icrcOfIpDatagram(ipDatagram(after, p1)), `${name} ${len}: back to back`);
+      checked++;
+    }
+  }
+  t.equal(checked, 21);
+});
