@@ -94,6 +94,13 @@ export class Responder {
   msn = 0;
   /** Opcode of the last accepted packet, or -1 between messages. */
   private opcode = -1;
+
+  /** Inside a multi-packet SEND or WRITE: only its MIDDLE/LAST packets are valid next (9.7.3.2). */
+  get inMessage(): boolean {
+    if (this.opcode === -1) return false;
+    const prev = opcodeInfo(this.opcode);
+    return prev !== undefined && !prev.end && (prev.kind === 'send' || prev.kind === 'write');
+  }
   /** RC: a PSN sequence NAK was sent for the current gap (NAK once per gap, C9-106 area). */
   private sentPsnNak = false;
   /** UC: drop packets until the next message start. */

@@ -177,7 +177,10 @@ for (const icrc of [false, true]) {
     }), { seed: icrc ? 4242 : 4241, numRuns: 10_000_000, interruptAfterTimeLimit: SECONDS * 1000, markInterruptAsFailure: false });
     // The QP is usable: a WRITE from A completes, or B's QP is in ERR for a counted reason and a fresh pair works.
     reconnects = w.fresh;
-    if (w.qb.state === 'ERR' || w.qa.state === 'ERR') fresh(w);
+    // A last input that was an accepted FIRST/MIDDLE leaves B's responder inside a message, where a
+    // new ONLY is an invalid opcode sequence (class C, 9.7.4.1.3): QP to ERR, rightly. That pair has
+    // done nothing wrong either; the checks below need one between messages.
+    if (w.qb.state === 'ERR' || w.qa.state === 'ERR' || w.qb.core.responder.inMessage) fresh(w);
     // Usable, as a responder: a well-formed WRITE at its expected PSN lands in memory…
     pollCq(w.b.cq, 4096);
     const write = bytesFor({
