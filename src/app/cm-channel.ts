@@ -35,7 +35,7 @@ import { cmTimeoutUs } from '../cm/messages.js';
 import { createEventChannel, RdmaCmError, type EventChannel, type RdmaCmEvent, type RdmaCmId } from '../cm/rdmacm.js';
 import { hostPort } from './endpoint.js';
 import {
-  ChannelError, fmtSecs, PROTOCOL_VERSION, RefusedError, validate, type Message, type MessageOf, type MessageType,
+  ChannelError, fmtSecs, MessageInbox, PROTOCOL_VERSION, validate, type Message, type MessageOf, type MessageType,
 } from './protocol.js';
 
 /** The REQ's and REP's user data: `RTX` and the protocol version. */
@@ -82,10 +82,7 @@ function prepareControlQp(ctx: Context, id: RdmaCmId): Ctrl {
 }
 
 /** The JSON-message channel over a connected control QP; same behaviour as protocol.ts's Channel. */
-export class CmChannel implements MessageChannel {
-  private readonly queue: Message[] = [];
-  private failure: Error | undefined;
-  private waiter: { resolve: (m: Message) => void; reject: (e: Error) => void } | undefined;
+export class CmChannel extends MessageInbox implements MessageChannel {
   /** Send slots free, and messages waiting for one. */
   private readonly freeSlots: number[] = [];
   private readonly backlog: Uint8Array[] = [];
@@ -93,54 +90,18 @@ export class CmChannel implements MessageChannel {
   private released = false;
 
   constructor(readonly id: RdmaCmId, private readonly ctrl: Ctrl, readonly peer: string) {
+    super();
     for (let i = 0; i < CTRL_SENDS; i++) this.freeSlots.push(i);
     id.on('disconnected', () => this.fail(new ChannelError('closed', `${peer} disconnected`)));
     void this.poll();
   }
 
-  get closed(): boolean {
-    return this.failure !== undefined;
-  }
-
   send(m: Message): void {
-    if (this.failure !== undefined) return;
+    if (this.closed) return;
     const bytes = new TextEncoder().encode(JSON.stringify(m));
     if (bytes.length > MAX_CM_MESSAGE) throw new Error(`a ${m.type} message of ${bytes.length} bytes does not fit a control SEND`);
     this.backlog.push(bytes);
     this.pump();
-  }
-
-  next(timeoutMs?: number): Promise<Message> {
-    const m = this.queue.shift();
-    if (m !== undefined) return m.type === 'refuse' ? Promise.reject(new RefusedError(m.code, m.message)) : Promise.resolve(m);
-    if (this.failure !== undefined) return Promise.reject(this.failure);
-    if (this.waiter !== undefined) return Promise.reject(new Error('CmChannel.next: already waiting'));
-    return new Promise<Message>((resolve, reject) => {
-      let timer: ReturnType<typeof setTimeout> | undefined;
-      const done = (): void => {
-        this.waiter = undefined;
-        if (timer !== undefined) clearTimeout(timer);
-      };
-      this.waiter = {
-        resolve: (msg) => {
-          done();
-          resolve(msg);
-        },
-        reject: (e) => {
-          done();
-          reject(e);
-        },
-      };
-      if (timeoutMs !== undefined) {
-        timer = setTimeout(() => this.waiter?.reject(new ChannelError('timeout', `${this.peer} did not answer within ${fmtSecs(timeoutMs)}`)), timeoutMs);
-      }
-    });
-  }
-
-  async expect<T extends MessageType>(type: T, timeoutMs?: number): Promise<MessageOf<T>> {
-    const m = await this.next(timeoutMs);
-    if (m.type !== type) throw new ChannelError('malformed', `${this.peer} sent '${m.type}' where '${type}' was expected`);
-    return m as MessageOf<T>;
   }
 
   /**
@@ -222,23 +183,6 @@ export class CmChannel implements MessageChannel {
       }
       this.deliver(m);
     }
-  }
-
-  private deliver(m: Message): void {
-    if (this.failure !== undefined) return;
-    const w = this.waiter;
-    if (w === undefined) {
-      this.queue.push(m);
-      return;
-    }
-    if (m.type === 'refuse') w.reject(new RefusedError(m.code, m.message));
-    else w.resolve(m);
-  }
-
-  private fail(e: Error): void {
-    if (this.failure !== undefined) return;
-    this.failure = e;
-    this.waiter?.reject(e);
   }
 }
 

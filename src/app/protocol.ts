@@ -176,32 +176,21 @@ export function validate(m: unknown): Message | undefined {
 }
 
 /**
- * One peer's JSON-lines stream: `send` writes a message, `next` awaits the next one (with a
- * bound), and a `refuse` from the peer rejects the wait with a RefusedError. Messages that arrive
- * while nobody waits are queued, so the peer may pipeline.
+ * The receiving half every message channel shares, whatever carries the bytes (a TCP stream, or
+ * SENDs on a control QP): `next` awaits the next message (with a bound), a `refuse` from the peer
+ * rejects the wait with a RefusedError, and messages that arrive while nobody waits are queued,
+ * so the peer may pipeline. The first failure ends the channel; later messages are dropped.
  */
-export class Channel {
-  private buf = '';
+export abstract class MessageInbox {
   private readonly queue: Message[] = [];
   private failure: Error | undefined;
   private waiter: { resolve: (m: Message) => void; reject: (e: Error) => void } | undefined;
 
-  constructor(readonly socket: net.Socket, readonly peer: string) {
-    socket.setEncoding('utf8');
-    socket.setNoDelay(true);
-    socket.on('data', (d: string) => this.onData(d));
-    socket.on('end', () => this.fail(new ChannelError('closed', `${peer} closed the connection`)));
-    socket.on('close', () => this.fail(new ChannelError('closed', `${peer} closed the connection`)));
-    socket.on('error', (e: NodeJS.ErrnoException) =>
-      this.fail(new ChannelError('closed', `connection to ${peer} failed: ${e.code ?? e.message}`)));
-  }
+  /** Who is at the other end, for messages. */
+  abstract readonly peer: string;
 
   get closed(): boolean {
     return this.failure !== undefined;
-  }
-
-  send(m: Message): void {
-    if (this.failure === undefined && !this.socket.destroyed) this.socket.write(JSON.stringify(m) + '\n');
   }
 
   /** The next message; rejects on close, on a refuse, or after `timeoutMs`. */
@@ -209,7 +198,7 @@ export class Channel {
     const m = this.queue.shift();
     if (m !== undefined) return m.type === 'refuse' ? Promise.reject(new RefusedError(m.code, m.message)) : Promise.resolve(m);
     if (this.failure !== undefined) return Promise.reject(this.failure);
-    if (this.waiter !== undefined) return Promise.reject(new Error('Channel.next: already waiting'));
+    if (this.waiter !== undefined) return Promise.reject(new Error(`${this.constructor.name}.next: already waiting`));
     return new Promise<Message>((resolve, reject) => {
       let timer: ReturnType<typeof setTimeout> | undefined;
       const done = (): void => {
@@ -237,6 +226,43 @@ export class Channel {
     const m = await this.next(timeoutMs);
     if (m.type !== type) throw new ChannelError('malformed', `${this.peer} sent '${m.type}' where '${type}' was expected`);
     return m as MessageOf<T>;
+  }
+
+  protected deliver(m: Message): void {
+    if (this.failure !== undefined) return;
+    const w = this.waiter;
+    if (w === undefined) {
+      this.queue.push(m);
+      return;
+    }
+    if (m.type === 'refuse') w.reject(new RefusedError(m.code, m.message));
+    else w.resolve(m);
+  }
+
+  protected fail(e: Error): void {
+    if (this.failure !== undefined) return;
+    this.failure = e;
+    this.waiter?.reject(e);
+  }
+}
+
+/** One peer's JSON-lines stream over TCP: `send` writes a message, one per line. */
+export class Channel extends MessageInbox {
+  private buf = '';
+
+  constructor(readonly socket: net.Socket, readonly peer: string) {
+    super();
+    socket.setEncoding('utf8');
+    socket.setNoDelay(true);
+    socket.on('data', (d: string) => this.onData(d));
+    socket.on('end', () => this.fail(new ChannelError('closed', `${peer} closed the connection`)));
+    socket.on('close', () => this.fail(new ChannelError('closed', `${peer} closed the connection`)));
+    socket.on('error', (e: NodeJS.ErrnoException) =>
+      this.fail(new ChannelError('closed', `connection to ${peer} failed: ${e.code ?? e.message}`)));
+  }
+
+  send(m: Message): void {
+    if (!this.closed && !this.socket.destroyed) this.socket.write(JSON.stringify(m) + '\n');
   }
 
   /** Sends what is queued, then closes (half-close first, so the last line is delivered). */
@@ -271,22 +297,6 @@ export class Channel {
       this.fail(new ChannelError('malformed', `${this.peer} sent a line longer than ${MAX_LINE} bytes`));
       this.socket.destroy();
     }
-  }
-
-  private deliver(m: Message): void {
-    const w = this.waiter;
-    if (w === undefined) {
-      this.queue.push(m);
-      return;
-    }
-    if (m.type === 'refuse') w.reject(new RefusedError(m.code, m.message));
-    else w.resolve(m);
-  }
-
-  private fail(e: Error): void {
-    if (this.failure !== undefined) return;
-    this.failure = e;
-    this.waiter?.reject(e);
   }
 }
 

@@ -180,8 +180,6 @@ interface Cell {
   loss?: 'netem' | 'ours';
   seed?: number;
   note?: string;
-  /** A known engine issue this cell may hit: its failure is reported (tap todo, matrix note) without failing the file. */
-  knownIssue?: string;
   /** Why the cell runs after the others, beside its twin of the other family only. */
   solo?: string;
 }
@@ -356,8 +354,7 @@ async function runCell(c: Cell, lane: Lane): Promise<CellResult> {
   return r;
 }
 
-function verdictExtra(c: Cell, pass: boolean, problems: string[]): Record<string, unknown> {
-  if (c.knownIssue) return pass ? { todo: c.knownIssue } : { todo: c.knownIssue, problems };
+function verdictExtra(pass: boolean, problems: string[]): Record<string, unknown> {
   return pass ? {} : { diagnostic: true, problems };
 }
 
@@ -601,16 +598,15 @@ t.test(`perftest cells: ${selected.length} run, ${trimmed.length} trimmed`, asyn
     { family: 4, address: EXTRA_V4, gidIndex: g.gidIndexV4, tcpPort: 18518 },
     { family: 6, address: EXTRA_V6, gidIndex: g.gidIndexV6, tcpPort: 18519 },
   ];
-  // Cells with a known issue run last, one at a time: a retry storm keeps the guest's one vCPU
-  // busy, and its neighbours would time out for no fault of their own. So do the solo cells.
-  const last = (x: Cell): boolean => x.knownIssue !== undefined || x.solo !== undefined;
+  // Solo cells run last, beside their twin of the other family only (see Cell.solo).
+  const last = (x: Cell): boolean => x.solo !== undefined;
   const regular = selected.filter((x) => !last(x));
   const queues = { 4: regular.filter((x) => x.family === 4), 6: regular.filter((x) => x.family === 6) };
   const start = Date.now();
   const one = async (c: Cell, lane: Lane): Promise<void> => {
     const r = await runCell(c, lane);
     results.push(r);
-    t.ok(r.pass, `${c.name} (${(r.ms / 1000).toFixed(1)} s)`, verdictExtra(c, r.pass, r.problems));
+    t.ok(r.pass, `${c.name} (${(r.ms / 1000).toFixed(1)} s)`, verdictExtra(r.pass, r.problems));
   };
   await Promise.all(lanes.map(async (lane) => {
     for (let c = queues[lane.family].shift(); c; c = queues[lane.family].shift()) await one(c, lane);
@@ -688,9 +684,9 @@ t.test('the bridge capture, cell by cell: decoder (strict ICRC), tshark, data', 
       t.comment(`${r.cell.name}: ${a.frames} frames, ${a.naks} NAK PSN sequence errors, ${a.retransmitted} retransmitted PSNs`);
     }
     const pass = problems.length === 0;
-    t.ok(pass, `${r.cell.name}: ${a.frames} frames`, verdictExtra(r.cell, pass, problems));
+    t.ok(pass, `${r.cell.name}: ${a.frames} frames`, verdictExtra(pass, problems));
     const note = r.cell.suite === 'loss' ? `${a.naks} NAK seq err, ${a.retransmitted} retransmitted PSNs`
-      : !pass && r.cell.knownIssue ? `known issue: ${r.cell.knownIssue}` : r.cell.note;
+      : r.cell.note;
     recordCell({
       suite: r.cell.suite, transport: r.cell.transport, op: r.cell.op, mtu: r.cell.mtu, size: r.cell.size,
       direction: r.cell.direction, family: r.cell.family, pass, ms: r.ms,
