@@ -14,6 +14,7 @@ import { DEFAULT_PKEY } from '../wire/constants.js';
 import { opcodeOf, type OpcodeInfo } from '../wire/opcode.js';
 import { emitPacket, packetLength, padFor, parsePacket, type PacketParse, type RocePacket } from '../wire/packet.js';
 import { psnAdd, psnDiff } from '../wire/psn.js';
+import { recoverIpv4Id } from '../wire/icrc.js';
 import { parseIpAddress } from '../wire/frame.js';
 import type { Bth } from '../wire/bth.js';
 import type { Reth } from '../wire/reth.js';
@@ -300,9 +301,17 @@ export class Prober {
     const w = new PcapWriter((c) => chunks.push(Uint8Array.from(c)));
     for (const p of this.log.slice(since.log, until)) {
       const tx = p.dir === 'tx';
+      const src = tx ? this.localAddr : this.peerAddr;
+      const dst = tx ? this.peerAddr : this.localAddr;
+      // The socket never showed us the peer's IPv4 ID (rxe numbers its packets), and the ICRC
+      // covers it: write the ID the ICRC implies, so the capture checks strictly in Wireshark and
+      // `roce decode`. Ours went out with ID 0 and DF; a packet with a broken ICRC keeps that too.
+      const id = !tx && src.length === 4
+        ? recoverIpv4Id({ family: 4, srcAddr: src, dstAddr: dst, srcPort: p.srcPort, dstPort: p.dstPort }, p.bytes)
+        : undefined;
       w.writeRoce(BigInt(Math.round(p.at * 1e6)), {
-        src: tx ? this.localAddr : this.peerAddr, dst: tx ? this.peerAddr : this.localAddr,
-        srcPort: p.srcPort, dstPort: p.dstPort,
+        src, dst, srcPort: p.srcPort, dstPort: p.dstPort,
+        ...(id !== undefined ? { ipId: id.ipId, dontFragment: id.dontFragment } : {}),
       }, p.bytes);
     }
     return Buffer.concat(chunks);
