@@ -34,7 +34,7 @@ import { fileURLToPath } from 'node:url';
 import { startLab, type Guest, type Lab } from '../../interop/lab.js';
 import { recordCell, type Direction } from '../../interop/matrix.js';
 import { decodeCapture, isGood } from '../../src/analyze/decode.js';
-import { tshark, tsharkJson } from './tshark.js';
+import { roceFrameCount, roceProblems } from './tshark.js';
 
 const t0 = Date.now();
 const here = path.dirname(fileURLToPath(import.meta.url));
@@ -240,14 +240,6 @@ function cellAt(tsNs: bigint, family: 4 | 6): Outcome | undefined {
 }
 
 const stats = new Map<Outcome, FrameStats>();
-/**
- * Wireshark guesses what an InfiniBand payload carries (heuristics, and EoIB for UD), and a
- * pingpong payload of 0x7b bytes or none sets some off: a 1-byte SEND becomes a truncated
- * RPC-over-RDMA header, an empty UD SEND a truncated EoIB frame, rxe's frames and ours alike. The
- * payload is opaque data, so the protocols that would claim it are switched off.
- */
-const NO_HEURISTICS = ['rpcordma', 'infiniband.eoib', 'smb_direct', 'smc', 'nvme-rdma', 'lnet', 'iser', 'infiniband_sdp', 'fcoib']
-  .flatMap((p) => ['--disable-protocol', p]);
 const stray = emptyStats();
 let tsharkTotal = -1;
 let decodedTotal = 0;
@@ -281,26 +273,14 @@ t.test('the capture: our decoder (strict ICRC) and tshark', async (t) => {
   }
   t.comment(`our decoder: ${decodedTotal} RoCEv2 frames in ${secs(Date.now() - start)}`);
   const ts = Date.now();
-  // Problems tshark sees: malformed frames, RoCEv2 frames it does not dissect as InfiniBand, and
-  // expert warnings, except rxe's IPv6 UDP checksum 0 (it always sends 0; Wireshark flags that).
-  const problems = await tsharkJson(pcap, [
-    '-Y', '_ws.malformed || (udp.dstport == 4791 && !infiniband) || ' +
-      '(udp.dstport == 4791 && _ws.expert.severity >= warning && !(ipv6 && udp.checksum == 0))',
-    '-e', 'frame.number', '-e', 'frame.time_epoch', '-e', 'frame.protocols', '-e', '_ws.expert.message',
-    ...NO_HEURISTICS,
-  ]);
+  const problems = await roceProblems(pcap);
   for (const p of problems) {
-    const l = p._source.layers as Record<string, string[] | undefined>;
-    const when = BigInt(Math.round(Number(l['frame.time_epoch']?.[0] ?? '0') * 1e6)) * 1000n;
-    const o = cellAt(when, l['frame.protocols']?.[0]?.includes(':ipv6:') ? 6 : 4);
+    const o = cellAt(p.timeNs, p.family);
     const s = o ? stats.get(o) ?? emptyStats() : stray;
     if (o) stats.set(o, s);
-    s.tsharkProblems.push(`frame ${l['frame.number']?.[0]}: ${l['frame.protocols']?.[0]} ${(l['_ws.expert.message'] ?? []).join('; ')}`);
+    s.tsharkProblems.push(p.text);
   }
-  const count = await tshark(['-r', pcap, '-q', '-z', 'io,stat,0,udp.dstport==4791']);
-  // "|  0.0 <> 27.3 |  49152 | 16416768 |": the frames column of the one interval.
-  const m = /<>\s*\S+\s*\|\s*(\d+)\s*\|/.exec(count);
-  tsharkTotal = m ? Number(m[1]) : -1;
+  tsharkTotal = await roceFrameCount(pcap);
   t.comment(`tshark: ${problems.length} problem frame(s), ${tsharkTotal} RoCEv2 frames, ${secs(Date.now() - ts)}`);
   t.equal(tsharkTotal, decodedTotal, 'tshark and our decoder see the same RoCEv2 frames');
   t.same(stray.bad, [], 'frames outside any cell: all good');

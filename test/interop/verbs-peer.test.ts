@@ -37,7 +37,7 @@ import { fileURLToPath } from 'node:url';
 import { startLab, type Guest, type Lab } from '../../interop/lab.js';
 import { recordCell, type Direction } from '../../interop/matrix.js';
 import { decodeCapture, isGood } from '../../src/analyze/decode.js';
-import { tshark, tsharkJson } from './tshark.js';
+import { roceFrameCount, roceProblems } from './tshark.js';
 
 const t0 = Date.now();
 const here = path.dirname(fileURLToPath(import.meta.url));
@@ -295,9 +295,6 @@ function connAt(tsNs: bigint, family: 4 | 6): Outcome | undefined {
 }
 
 const stats = new Map<Outcome, FrameStats>();
-/** As in pingpong.test.ts: the payload is opaque data; the protocols that guess at it are off. */
-const NO_HEURISTICS = ['rpcordma', 'infiniband.eoib', 'smb_direct', 'smc', 'nvme-rdma', 'lnet', 'iser', 'infiniband_sdp', 'fcoib']
-  .flatMap((p) => ['--disable-protocol', p]);
 const stray = emptyStats();
 
 t.test('the capture: our decoder (strict ICRC) and tshark', async (t) => {
@@ -330,28 +327,16 @@ t.test('the capture: our decoder (strict ICRC) and tshark', async (t) => {
   }
   t.comment(`our decoder: ${decoded} RoCEv2 frames in ${secs(Date.now() - start)}`);
   const ts = Date.now();
-  // As in pingpong.test.ts: malformed frames, RoCEv2 frames not dissected as InfiniBand, expert
-  // warnings except rxe's IPv6 UDP checksum 0.
-  const problems = await tsharkJson(pcap, [
-    '-Y', '_ws.malformed || (udp.dstport == 4791 && !infiniband) || ' +
-      '(udp.dstport == 4791 && _ws.expert.severity >= warning && !(ipv6 && udp.checksum == 0))',
-    '-e', 'frame.number', '-e', 'frame.time_epoch', '-e', 'frame.protocols', '-e', '_ws.expert.message',
-    ...NO_HEURISTICS,
-  ]);
+  const problems = await roceProblems(pcap);
   for (const p of problems) {
-    const l = p._source.layers as Record<string, string[] | undefined>;
-    const when = BigInt(Math.round(Number(l['frame.time_epoch']?.[0] ?? '0') * 1e6)) * 1000n;
-    const o = connAt(when, l['frame.protocols']?.[0]?.includes(':ipv6:') ? 6 : 4);
+    const o = connAt(p.timeNs, p.family);
     const s = o ? stats.get(o) ?? emptyStats() : stray;
     if (o) stats.set(o, s);
-    s.tsharkProblems.push(`frame ${l['frame.number']?.[0]}: ${l['frame.protocols']?.[0]} ${(l['_ws.expert.message'] ?? []).join('; ')}`);
+    s.tsharkProblems.push(p.text);
   }
-  // Not the ICMP port-unreachables that quote a RoCEv2 datagram (tshark dissects the quoted UDP
-  // header): our side that gave up makes the host answer rxe's late packets with them.
-  const count = await tshark(['-r', pcap, '-q', '-z', 'io,stat,0,udp.dstport==4791 && !icmp && !icmpv6']);
-  const m = /<>\s*\S+\s*\|\s*(\d+)\s*\|/.exec(count);
-  t.comment(`tshark: ${problems.length} problem frame(s), ${m?.[1]} RoCEv2 frames, ${secs(Date.now() - ts)}`);
-  t.equal(m ? Number(m[1]) : -1, decoded, 'tshark and our decoder see the same RoCEv2 frames');
+  const counted = await roceFrameCount(pcap);
+  t.comment(`tshark: ${problems.length} problem frame(s), ${counted} RoCEv2 frames, ${secs(Date.now() - ts)}`);
+  t.equal(counted, decoded, 'tshark and our decoder see the same RoCEv2 frames');
   t.same(stray.bad, [], 'frames outside any connection: all good');
   t.same(stray.tsharkProblems, [], 'frames outside any connection: tshark finds nothing wrong');
 });
