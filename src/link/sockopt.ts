@@ -1,5 +1,6 @@
 /**
- * The one foreign call the stack needs: `setsockopt`/`getsockopt` on a `node:dgram` socket.
+ * The foreign calls the stack needs: `setsockopt`/`getsockopt` on a `node:dgram` socket, and the
+ * batched datagram calls `sendmmsg`/`recvmmsg` (see `mmsg.ts` for why).
  *
  * Read first: `docs/rxe-lab.md`, "Step 7" and "What this means for the stack's design".
  * - IPv4 send: only `IP_MTU_DISCOVER = IP_PMTUDISC_DO` on an unconnected socket makes Linux send
@@ -47,7 +48,29 @@ const isLittleEndian = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1;
 
 type IntFn = (fd: number, level: number, optname: number, optval: Buffer, optlen: number | number[]) => number;
 
+/** What the batched datagram path (`mmsg.ts`) calls: libc's `sendmmsg`/`recvmmsg` and koffi's memory and poll. */
+export interface BatchIoFfi {
+  sendmmsg: (fd: number, msgvec: unknown, vlen: number, flags: number) => number;
+  recvmmsg: (fd: number, msgvec: unknown, vlen: number, flags: number, timeout: null) => number;
+  dup: (fd: number) => number;
+  close: (fd: number) => number;
+  errno: () => number;
+  /** Native memory that neither moves nor is collected: the kernel is handed its addresses. */
+  alloc: (bytes: number) => { ptr: unknown; address: bigint; view: ArrayBuffer };
+  free: (ptr: unknown) => void;
+  /** libuv poll on a descriptor (koffi's `uv_poll_t`). */
+  poll: (fd: number, opts: { readable?: boolean; writable?: boolean }, cb: (ev: { readable: boolean; writable: boolean }) => void) => PollHandle;
+}
+
+export interface PollHandle {
+  start(opts: { readable?: boolean; writable?: boolean }, cb: (ev: { readable: boolean; writable: boolean }) => void): void;
+  stop(): void;
+  close(): void;
+  unref(): void;
+}
+
 interface Libc {
+  batch: BatchIoFfi;
   setsockopt: IntFn;
   getsockopt: IntFn;
   socket: (domain: number, type: number, protocol: number) => number;
@@ -76,9 +99,24 @@ function loadLibc(): Libc | undefined {
     const bind = lib.func('int bind(int fd, const void *addr, uint32_t addrlen)') as Libc['bind'];
     const recv = lib.func('intptr_t recv(int fd, _Out_ void *buf, size_t len, int flags)') as Libc['recv'];
     const close = lib.func('int close(int fd)') as Libc['close'];
+    stage = 'sendmmsg/recvmmsg/dup in libc.so.6';
+    const batch: BatchIoFfi = {
+      sendmmsg: lib.func('int sendmmsg(int fd, void *msgvec, unsigned int vlen, int flags)') as BatchIoFfi['sendmmsg'],
+      recvmmsg: lib.func('int recvmmsg(int fd, void *msgvec, unsigned int vlen, int flags, void *timeout)') as BatchIoFfi['recvmmsg'],
+      dup: lib.func('int dup(int fd)') as BatchIoFfi['dup'],
+      close,
+      errno: () => koffi.errno(),
+      alloc: (bytes) => {
+        const ptr = koffi.alloc('uint8_t', bytes);
+        return { ptr, address: koffi.address(ptr), view: koffi.view(ptr, bytes) };
+      },
+      free: (ptr) => koffi.free(ptr),
+      poll: (fd, opts, cb) => koffi.node.poll(fd, opts, cb) as PollHandle,
+    };
     const names = new Map<number, string>();
     for (const [name, n] of Object.entries(koffi.os.errno)) if (!names.has(n)) names.set(n, name);
     libc = {
+      batch,
       setsockopt,
       getsockopt,
       socket,
@@ -92,6 +130,11 @@ function loadLibc(): Libc | undefined {
     libcError = `cannot load ${stage}: ${e instanceof Error ? e.message : String(e)}`;
   }
   return libc;
+}
+
+/** The calls of the batched datagram path, or undefined where the FFI does not load. */
+export function batchIoFfi(): BatchIoFfi | undefined {
+  return loadLibc()?.batch;
 }
 
 /** Whether the FFI is usable on this machine; loads it on first call. */
@@ -146,6 +189,13 @@ export function socketFd(socket: Socket): number | undefined {
   const handle = handleOf(socket);
   const fd = handle?.fd;
   return typeof fd === 'number' && fd >= 0 ? fd : undefined;
+}
+
+/** Stops `dgram`'s own reading of a bound socket (`mmsg.ts` reads it instead); false if it cannot. */
+export function stopDgramReading(socket: Socket): boolean {
+  const h = handleOf(socket) as { recvStop?: () => number } | undefined;
+  if (typeof h?.recvStop !== 'function') return false;
+  return h.recvStop() === 0;
 }
 
 function handleOf(socket: Socket): UdpHandleLike | undefined {

@@ -56,11 +56,13 @@ import dgram, { type RemoteInfo, type Socket } from 'node:dgram';
 import { once } from 'node:events';
 import { randomBytes } from 'node:crypto';
 import { checkIcrc, checkIcrcOfIpDatagram, icrcOfParts, icrcOfUdpPayload, ICRC_LEN, MIN_ICRC_PAYLOAD, writeIcrc, type IcrcMode, type UdpDatagramInfo } from '../wire/icrc.js';
-import { parseIpAddress } from '../wire/frame.js';
+import { formatIpAddress, parseIpAddress } from '../wire/frame.js';
 import { SystemClock, type Clock } from '../runtime/clock.js';
 import { emptyDrops, type LinkCaps, type LinkDropReason, type LinkRxHandler, type PeerAddress, type RxMeta } from './link.js';
 import type { RxHook, WireDatagram, WireLink } from './link.js';
+import { RxRing, TxQueue, TxRing, type TxDest } from './mmsg.js';
 import {
+  batchIoFfi,
   ffiStatus,
   IP_MTU_DISCOVER,
   IP_PMTUDISC_DO,
@@ -68,8 +70,11 @@ import {
   openIpv4Observer,
   readSocketOption,
   setAndReadBack,
+  socketFd,
   SOL_UDP,
+  stopDgramReading,
   UDP_NO_CHECK6_RX,
+  type BatchIoFfi,
   type SockoptResult,
 } from './sockopt.js';
 
@@ -83,6 +88,8 @@ const BTH_LEN = 12;
 const COPY_BELOW = 512;
 /** Size of the send ring for small parts and ICRCs. */
 const TX_SLAB_BYTES = 128 << 10;
+/** Size of the batched path's send ring (`mmsg.ts`): every datagram queued in one task. */
+const TX_RING_BYTES = 2 << 20;
 
 /**
  * `dgram`'s `lookup` for addresses already known to be literals: answers synchronously, so that
@@ -120,6 +127,19 @@ export interface UdpLinkOptions {
   sendMode?: 'ring' | 'scatter';
   /** Pass a completion callback to every send so that asynchronous kernel errors are counted. Default false. */
   reportSendErrors?: boolean;
+  /**
+   * Datagrams through `sendmmsg`/`recvmmsg` on the sockets (`mmsg.ts`), where the FFI loads; `dgram`
+   * otherwise, or when false. Default true. `sendMode` and `reportSendErrors` apply to the `dgram` path.
+   */
+  batchIo?: boolean;
+  /**
+   * Batched path: consecutive datagrams of one size to one destination leave as one UDP GSO train,
+   * segment `k` with IPv4 ID `k` and its ICRC computed for it (`mmsg.ts`). Strict peers that see the
+   * IP header verify them; an IPv4 receiver on a UDP socket needs `icrcVerify: 'recover'` (the
+   * default). Default: on for a loopback address only. Elsewhere a train crosses veths and bridges
+   * as one large datagram until a device segments it, which is what a capture there shows.
+   */
+  gso?: boolean;
   /** `at` of received packets. Default a new SystemClock. */
   clock?: Clock;
   /** Where start-up problems are reported. Default `process.emitWarning` (type `RoceLinkWarning`), once per code. */
@@ -182,6 +202,8 @@ export interface UdpLinkCounters {
   flowFallbacks: number;
   /** `per-flow`: extra sockets on which IP_PMTUDISC_DO / UDP_NO_CHECK6_RX did not take. */
   flowOptionFailures: number;
+  /** Batched path: datagrams the kernel would not take at once (EAGAIN), handed to `dgram`'s queue. */
+  spilled: number;
 }
 
 const DEFAULTS = {
@@ -194,6 +216,7 @@ const DEFAULTS = {
   maxFlowSockets: 64,
   reportSendErrors: false,
   sendMode: 'ring' as 'ring' | 'scatter',
+  batchIo: true,
   probeTimeoutMs: 1000,
 };
 
@@ -217,7 +240,7 @@ export class UdpLink implements WireLink {
   readonly caps: LinkCaps;
   readonly local: PeerAddress;
   readonly startup: UdpLinkStartup;
-  readonly counters: UdpLinkCounters = { sent: 0, received: 0, flowSockets: 0, flowFallbacks: 0, flowOptionFailures: 0 };
+  readonly counters: UdpLinkCounters = { sent: 0, received: 0, flowSockets: 0, flowFallbacks: 0, flowOptionFailures: 0, spilled: 0 };
 
   private readonly drop = emptyDrops();
   private readonly localAddr: Uint8Array;
@@ -233,6 +256,16 @@ export class UdpLink implements WireLink {
   private slabAt = 0;
   private readonly iov: Uint8Array[] = [];
   private readonly sendMode: 'ring' | 'scatter';
+  // The batched path (`mmsg.ts`): one send ring, a queue per socket, the main socket's reader.
+  private readonly batch: BatchIoFfi | undefined;
+  private txRing: TxRing | undefined;
+  private readonly txQueues = new Map<Socket, TxQueue>();
+  private rx: RxRing | undefined;
+  private readonly txDests = new Map<string, TxDest>();
+  private lastDst: PeerAddress | undefined;
+  private lastTxDest: TxDest | undefined;
+  private readonly peers4 = new Map<number, PeerAddress>();
+  private readonly peers6 = new Map<string, PeerAddress>();
   private handler: LinkRxHandler | undefined;
   private rxHook: RxHook | undefined;
   private probeNonce: Uint8Array | undefined;
@@ -241,7 +274,7 @@ export class UdpLink implements WireLink {
   private constructor(
     private readonly main: Socket,
     private readonly clock: Clock,
-    private readonly opts: typeof DEFAULTS & { address: string; maxDatagram: number },
+    private readonly opts: typeof DEFAULTS & { address: string; maxDatagram: number; gso: boolean },
     localAddr: Uint8Array,
     startup: UdpLinkStartup,
   ) {
@@ -253,6 +286,8 @@ export class UdpLink implements WireLink {
     this.startup = startup;
     this.sendMode = opts.sendMode;
     this.info = { family, srcAddr: localAddr, dstAddr: localAddr, srcPort: 0, dstPort: 0, ipId: 0, ipFlagsFrag: 0x4000 };
+    this.batch = opts.batchIo ? batchIoFfi() : undefined;
+    if (this.batch !== undefined) this.txRing = new TxRing(this.batch, TX_RING_BYTES);
     this.sendDone = opts.reportSendErrors
       ? (err) => {
           if (err) this.drop.sendError++;
@@ -267,6 +302,7 @@ export class UdpLink implements WireLink {
     const family = addr.length === 4 ? 4 : 6;
     const opts = {
       ...DEFAULTS,
+      gso: isLoopback(addr),
       ...definedOnly(options),
       address: options.address,
       maxDatagram: options.maxDatagram ?? (family === 4 ? MAX_UDP_PAYLOAD_V4 : MAX_UDP_PAYLOAD_V6),
@@ -323,7 +359,9 @@ export class UdpLink implements WireLink {
     }
 
     const link = new UdpLink(socket, clock, { ...opts, port }, addr, startup);
+    // Kept on the batched path too: whatever dgram read before its reading stopped is delivered.
     socket.on('message', (msg: Buffer, rinfo: RemoteInfo) => link.onMessage(msg, rinfo, port));
+    link.startBatchRx();
     socket.on('error', () => {
       // Without a send callback dgram reports nothing here; with one, errors go to the callback.
       link.drop.sendError++;
@@ -400,6 +438,36 @@ export class UdpLink implements WireLink {
       this.transmit(socket, dst, this.gather(dstAddr, dst.port, port, parts, len));
       return;
     }
+    const q = this.txRing !== undefined ? this.txQueueFor(socket) : undefined;
+    if (q !== undefined) {
+      const d = this.txDest(dst, dstAddr);
+      const slot = d !== undefined ? q.add(d, len) : undefined;
+      if (slot === undefined) {
+        // A zoned IPv6 peer (dgram resolves the zone) or a ring that would not drain.
+        this.transmit(socket, dst, this.gather(dstAddr, dst.port, port, parts, len));
+        return;
+      }
+      const ring = this.txRing!.bytes;
+      let o = slot.at;
+      for (let i = 0; i < parts.length; i++) {
+        const p = parts[i]!;
+        ring.set(p, o);
+        o += p.length;
+      }
+      if (gen) {
+        // Segment k of a GSO train leaves with IPv4 ID k (mmsg.ts); alone, k is 0.
+        const info = this.icrcInfo(dstAddr, dst.port, port);
+        info.ipId = slot.index;
+        const c = icrcOfParts(info, parts, len);
+        info.ipId = 0;
+        ring[o] = c;
+        ring[o + 1] = c >>> 8;
+        ring[o + 2] = c >>> 16;
+        ring[o + 3] = c >>> 24;
+      }
+      this.counters.sent++;
+      return;
+    }
     if (this.sendMode === 'ring') {
       // One contiguous slice of the ring: the fastest form for dgram (one iovec), hot in cache.
       const at = this.reserve(len);
@@ -445,6 +513,110 @@ export class UdpLink implements WireLink {
     }
     if (run > 0) this.endRun(runAt, run);
     this.transmit(socket, dst, iov);
+  }
+
+  /** The batched path's queue for `socket`, created on first use; undefined where it has no descriptor. */
+  private txQueueFor(socket: Socket): TxQueue | undefined {
+    let q = this.txQueues.get(socket);
+    if (q === undefined) {
+      const fd = socketFd(socket);
+      if (fd === undefined) return undefined;
+      q = new TxQueue(this.batch!, fd, this.txRing!, this.opts.gso, (dst, datagram, k) => this.spill(socket, dst, datagram, k));
+      this.txQueues.set(socket, q);
+    }
+    return q;
+  }
+
+  /** The sockaddr form of `dst`, cached; undefined for a zoned IPv6 address (dgram resolves the zone). */
+  private txDest(dst: PeerAddress, addr: Uint8Array): TxDest | undefined {
+    if (dst === this.lastDst) return this.lastTxDest;
+    if (dst.address.includes('%')) return undefined;
+    const key = `${dst.address}|${dst.port}`;
+    let d = this.txDests.get(key);
+    if (d === undefined) {
+      if (this.txDests.size >= 4096) this.txDests.clear();
+      d = { address: dst.address, port: dst.port, addr };
+      this.txDests.set(key, d);
+    }
+    this.lastDst = dst;
+    this.lastTxDest = d;
+    return d;
+  }
+
+  /**
+   * A datagram the kernel would not take at once goes to dgram's queue, which sends it when the
+   * socket is writable and keeps later sends behind it (`send` checks the queue first). Alone it
+   * leaves with IPv4 ID 0, so a train segment's ICRC is recomputed for that.
+   */
+  private spill(socket: Socket, dst: TxDest, datagram: Uint8Array, k: number): void {
+    if (this.closed) {
+      this.drop.closed++;
+      return;
+    }
+    if (k > 0 && this.opts.icrcGenerate && this.caps.family === 4) {
+      const info = this.icrcInfo(dst.addr, dst.port, socket === this.main ? this.local.port : socket.address().port);
+      writeIcrc(datagram, icrcOfUdpPayload(info, datagram));
+    }
+    this.counters.spilled++;
+    this.transmit(socket, dst, datagram, false);
+  }
+
+  /** Hands every queued datagram to the kernel now (normally at the end of the task, `mmsg.ts`). */
+  flush(): void {
+    this.txRing?.flushAll();
+  }
+
+  /**
+   * Moves the main socket's reading from dgram to `recvmmsg` on a duplicate descriptor (`mmsg.ts`).
+   * Where any step is not possible, dgram keeps reading.
+   */
+  private startBatchRx(): void {
+    const ffi = this.batch;
+    const fd = socketFd(this.main);
+    if (ffi === undefined || fd === undefined) return;
+    const dupFd = ffi.dup(fd);
+    if (dupFd < 0) return;
+    if (!stopDgramReading(this.main)) {
+      ffi.close(dupFd);
+      return;
+    }
+    const port = this.local.port;
+    this.rx = new RxRing(
+      ffi,
+      dupFd,
+      this.caps.family,
+      (datagram, addr, srcPort, truncated) => {
+        if (truncated) {
+          this.drop.notRoce++; // longer than any RoCEv2 packet (mmsg.ts, RX_SLOT)
+          return;
+        }
+        this.onDatagram(datagram, this.peerFor(addr, srcPort), port);
+      },
+      () => this.txRing?.flushAll(),
+    );
+  }
+
+  /** The source of a received datagram as the address record handlers get, cached per address and port. */
+  private peerFor(addr: Uint8Array, port: number): PeerAddress {
+    if (addr.length === 4) {
+      const key = (((addr[0]! << 24) | (addr[1]! << 16) | (addr[2]! << 8) | addr[3]!) >>> 0) * 65536 + port;
+      let p = this.peers4.get(key);
+      if (p === undefined) {
+        if (this.peers4.size >= 4096) this.peers4.clear();
+        p = { address: formatIpAddress(addr), port };
+        this.peers4.set(key, p);
+      }
+      return p;
+    }
+    const text = formatIpAddress(addr);
+    const key = `${text}|${port}`;
+    let p = this.peers6.get(key);
+    if (p === undefined) {
+      if (this.peers6.size >= 4096) this.peers6.clear();
+      p = { address: text, port };
+      this.peers6.set(key, p);
+    }
+    return p;
   }
 
   /** A run of small parts copied at `at` is complete: hand it to the list, give back what it did not use. */
@@ -521,9 +693,17 @@ export class UdpLink implements WireLink {
 
   async close(): Promise<void> {
     if (this.closed) return;
+    // What the engines sent before closing still leaves, as it would have on the dgram path.
+    this.txRing?.flushAll();
     this.closed = true;
     this.handler = undefined;
     this.rxHook = undefined;
+    this.rx?.close();
+    this.rx = undefined;
+    for (const q of this.txQueues.values()) q.dispose();
+    this.txQueues.clear();
+    this.txRing?.dispose();
+    this.txRing = undefined;
     const all = [this.main, ...[...this.flows.values()].map((f) => f.socket)];
     this.flows.clear();
     this.flowBySocket.clear();
@@ -532,11 +712,14 @@ export class UdpLink implements WireLink {
 
   // --- send -------------------------------------------------------------------------------
 
-  private transmit(socket: Socket, dst: PeerAddress, datagram: Uint8Array | readonly Uint8Array[]): void {
+  private transmit(socket: Socket, dst: PeerAddress, datagram: Uint8Array | readonly Uint8Array[], count = true): void {
+    // Datagrams queued on the batched path go first: one socket's datagrams leave in send order.
+    const q = this.txQueues.get(socket);
+    if (q !== undefined && q.pending > 0) q.flush();
     try {
       if (this.sendDone) socket.send(datagram, dst.port, dst.address, this.sendDone);
       else socket.send(datagram, dst.port, dst.address);
-      this.counters.sent++;
+      if (count) this.counters.sent++;
       if (socket !== this.main) {
         const f = this.flowBySocket.get(socket);
         if (f?.state === 'binding') f.queued++;
@@ -614,9 +797,12 @@ export class UdpLink implements WireLink {
   // --- receive ----------------------------------------------------------------------------
 
   private onMessage(msg: Buffer, rinfo: RemoteInfo, localPort: number): void {
+    this.onDatagram(msg, { address: rinfo.address, port: rinfo.port }, localPort);
+  }
+
+  private onDatagram(msg: Uint8Array, src: PeerAddress, localPort: number): void {
     if (this.closed) return;
-    if (this.probeNonce !== undefined && localPort === this.local.port && this.isProbe(msg, rinfo)) return;
-    const src: PeerAddress = { address: rinfo.address, port: rinfo.port };
+    if (this.probeNonce !== undefined && localPort === this.local.port && this.isProbe(msg, src.port)) return;
     const hook = this.rxHook;
     if (hook === undefined) {
       this.accept(msg, src, localPort, false);
@@ -717,9 +903,9 @@ export class UdpLink implements WireLink {
   }
 
   /** The probe's own copy arriving on the UDP socket. */
-  private isProbe(msg: Uint8Array, rinfo: RemoteInfo): boolean {
+  private isProbe(msg: Uint8Array, srcPort: number): boolean {
     const nonce = this.probeNonce;
-    return nonce !== undefined && msg.length === PROBE_LEN && rinfo.port === this.local.port && nonceAt(msg, 20, nonce);
+    return nonce !== undefined && msg.length === PROBE_LEN && srcPort === this.local.port && nonceAt(msg, 20, nonce);
   }
 }
 
@@ -729,6 +915,13 @@ const PROBE_LEN = 12 + 8 + 8 + ICRC_LEN;
 function nonceAt(b: Uint8Array, at: number, nonce: Uint8Array): boolean {
   for (let i = 0; i < nonce.length; i++) if (b[at + i] !== nonce[i]) return false;
   return true;
+}
+
+/** 127.0.0.0/8 or ::1. */
+function isLoopback(addr: Uint8Array): boolean {
+  if (addr.length === 4) return addr[0] === 127;
+  for (let i = 0; i < 15; i++) if (addr[i] !== 0) return false;
+  return addr[15] === 1;
 }
 
 function validPort(p: number): boolean {

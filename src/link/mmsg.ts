@@ -1,0 +1,420 @@
+/**
+ * Batched datagram I/O for `UdpLink`: `sendmmsg` with UDP GSO trains, and `recvmmsg`, on the
+ * link's own sockets through the FFI (`sockopt.ts`), into native memory the kernel is given once.
+ *
+ * Why (bench/README.md, "what mattered", has the figures): `node:dgram` costs one syscall, one
+ * JavaScript-to-C++ crossing and, on receive, a fresh 64 KiB allocation, a `Buffer`, an address
+ * string and a callback with its microtask checkpoint per datagram. Over loopback the `dgram`
+ * receiver is saturated near 330 k datagrams/s at 4150 bytes; `recvmmsg` into a fixed ring reads
+ * over 1 M/s. On the send side one `sendmsg` carrying a GSO train (`UDP_SEGMENT`) hands the kernel
+ * up to 64 datagrams of one size as one buffer, and `sendmmsg` carries many such messages per call.
+ *
+ * The rules the stack depends on:
+ * - Order. Datagrams of one socket leave in the order `send` was called: every send of a socket
+ *   goes into its queue, and a queue that the kernel would not take (EAGAIN) is handed to the
+ *   `dgram` socket, which keeps order with its own queue (`UdpLink.send` checks it first).
+ * - IP ID. The kernel numbers the segments of a GSO train ID, ID + 1, … (`inet_gso_segment`) from
+ *   the ID of the train's skb, which is 0 for an unconnected DF socket. So segment `k` of a train
+ *   leaves with ID `k`, and its ICRC is computed for that ID (`TxTrain.nextId`): strict peers that
+ *   see the IP header (rdma_rxe, Wireshark) verify it; UDP-socket receivers recover it (`recover`,
+ *   the default). A datagram sent alone still leaves with ID 0.
+ * - When. A queue is flushed at the end of the current JavaScript task (a microtask), when it is
+ *   full, and before the link closes: what the engines send in one run leaves in one call.
+ * - Memory. Received datagrams are views of a ring slot, valid until the handler returns (the
+ *   `Link` contract). Slots are `RX_SLOT` bytes, above any RoCEv2 packet (≤ 4 KiB path MTU plus
+ *   headers); a longer datagram is truncated by the kernel, and counted as not RoCE.
+ *
+ * Struct layouts are those of Linux LP64 (x86-64, arm64, the platforms koffi ships for):
+ * `struct mmsghdr` is a 56-byte `msghdr` and a 4-byte `msg_len`, padded to 64.
+ */
+
+import type { BatchIoFfi, PollHandle } from './sockopt.js';
+
+const MMSG = 64;
+const OFF_NAME = 0;
+const OFF_NAMELEN = 8;
+const OFF_IOV = 16;
+const OFF_IOVLEN = 24;
+const OFF_CONTROL = 32;
+const OFF_CONTROLLEN = 40;
+const OFF_FLAGS = 48;
+const OFF_LEN = 56;
+const IOV = 16;
+/** CMSG_SPACE(sizeof(uint16_t)): a 16-byte `cmsghdr`, 2 bytes of data, aligned to 8. */
+const CMSG = 24;
+const CMSG_LEN_U16 = 18;
+/** Room for a `sockaddr_in6` (28 bytes), kept 8-aligned. */
+const SOCKADDR = 32;
+const AF_INET = 2;
+const AF_INET6 = 10;
+const SOL_UDP = 17;
+const UDP_SEGMENT = 103;
+const MSG_DONTWAIT = 0x40;
+const MSG_TRUNC = 0x20;
+const EAGAIN = 11;
+const EINTR = 4;
+
+/** Messages per `sendmmsg`/`recvmmsg` call. */
+export const BATCH = 64;
+/** Segments per GSO train: the kernel's UDP_MAX_SEGMENTS on every kernel that has UDP GSO. */
+export const MAX_SEGMENTS = 64;
+/** Bytes per train: the UDP payload of one IPv4 datagram, less room for the headers. */
+const MAX_TRAIN_BYTES = 65507 - 128;
+/** Receive slot: above the largest RoCEv2 UDP payload (4096 + BTH + RETH + ImmDt + ICRC = 4132). */
+export const RX_SLOT = 9216;
+/** Datagrams read per readiness callback before other work gets its turn. */
+const RX_BUDGET = 4 * BATCH;
+
+const isLittleEndian = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1;
+
+/**
+ * Writes a pointer or size_t. User-space addresses are below 2^47, so a double holds them exactly,
+ * and two 32-bit stores avoid a BigInt per field on the send path.
+ */
+function setWord(dv: DataView, off: number, v: number): void {
+  const lo = v % 0x1_0000_0000;
+  const hi = (v - lo) / 0x1_0000_0000;
+  if (isLittleEndian) {
+    dv.setUint32(off, lo, true);
+    dv.setUint32(off + 4, hi, true);
+  } else {
+    dv.setUint32(off, hi, false);
+    dv.setUint32(off + 4, lo, false);
+  }
+}
+
+/** A destination in sockaddr form, built once per address and port. */
+export interface TxDest {
+  address: string;
+  port: number;
+  /** 4 or 16 address bytes. */
+  addr: Uint8Array;
+}
+
+/**
+ * What a queue hands back when the kernel will not take a message (EAGAIN): each datagram (a copy),
+ * with its index in its train, whose ICRC was computed for IP ID = that index.
+ */
+export type TxSpill = (dst: TxDest, datagram: Uint8Array, trainIndex: number) => void;
+
+/**
+ * The send queue of one socket: up to `BATCH` messages, each one datagram or a GSO train of
+ * datagrams of one size (the last may be shorter), their bytes in the shared `TxRing`.
+ */
+export class TxQueue {
+  private readonly mem: { ptr: unknown; address: bigint; view: ArrayBuffer };
+  /** The message vector as the FFI passes it (a typed array's memory is passed as the pointer). */
+  private readonly vec: Uint8Array;
+  private readonly dv: DataView;
+  private readonly base: number;
+  /** JavaScript-side record of each message, for the spill path. */
+  private readonly dsts: (TxDest | undefined)[] = new Array<TxDest | undefined>(BATCH).fill(undefined);
+  private readonly at = new Int32Array(BATCH);
+  private readonly bytes = new Int32Array(BATCH);
+  private readonly segLen = new Int32Array(BATCH);
+  private readonly segs = new Int32Array(BATCH);
+  private n = 0;
+  /** The last message can take another segment (same destination, contiguous, full-size so far). */
+  private open = false;
+
+  constructor(
+    private readonly ffi: BatchIoFfi,
+    readonly fd: number,
+    private readonly ring: TxRing,
+    private readonly gso: boolean,
+    private readonly spill: TxSpill,
+  ) {
+    this.mem = ffi.alloc(BATCH * (MMSG + IOV + CMSG + SOCKADDR));
+    this.vec = new Uint8Array(this.mem.view);
+    this.dv = new DataView(this.mem.view);
+    this.base = Number(this.mem.address);
+    for (let i = 0; i < BATCH; i++) {
+      const m = i * MMSG;
+      setWord(this.dv, m + OFF_NAME, this.base + this.nameOff(i));
+      setWord(this.dv, m + OFF_IOV, this.base + this.iovOff(i));
+      setWord(this.dv, m + OFF_IOVLEN, 1);
+      const c = this.cmsgOff(i);
+      setWord(this.dv, c, CMSG_LEN_U16);
+      this.dv.setInt32(c + 8, SOL_UDP, isLittleEndian);
+      this.dv.setInt32(c + 12, UDP_SEGMENT, isLittleEndian);
+    }
+  }
+
+  get pending(): number {
+    return this.n;
+  }
+
+  private nameOff(i: number): number {
+    return BATCH * (MMSG + IOV + CMSG) + i * SOCKADDR;
+  }
+
+  private iovOff(i: number): number {
+    return BATCH * MMSG + i * IOV;
+  }
+
+  private cmsgOff(i: number): number {
+    return BATCH * (MMSG + IOV) + i * CMSG;
+  }
+
+  /**
+   * Reserves `len` bytes for one datagram to `dst` and returns its offset in the ring and its index
+   * in its train (the IP ID it will leave with), or -1 when neither the queue nor the ring has room
+   * even after a flush (counted by the caller). The caller writes the datagram there at once.
+   */
+  add(dst: TxDest, len: number): { at: number; index: number } | undefined {
+    const ring = this.ring;
+    if (this.open && this.n > 0) {
+      const i = this.n - 1;
+      const seg = this.segLen[i]!;
+      if (this.dsts[i] === dst && len <= seg && this.segs[i]! < MAX_SEGMENTS && this.bytes[i]! + len <= MAX_TRAIN_BYTES && ring.canExtend(this.at[i]! + this.bytes[i]!, len)) {
+        const at = ring.take(len);
+        const index = this.segs[i]!;
+        this.bytes[i] = this.bytes[i]! + len;
+        this.segs[i] = index + 1;
+        // Only the last segment may be shorter: a short one closes the train.
+        if (len < seg) this.open = false;
+        return { at, index };
+      }
+    }
+    if (this.n === BATCH) this.flush();
+    let at = ring.tryTake(len);
+    if (at < 0) {
+      ring.flushAll();
+      at = ring.tryTake(len);
+      if (at < 0) return undefined;
+    }
+    const i = this.n++;
+    this.dsts[i] = dst;
+    this.at[i] = at;
+    this.bytes[i] = len;
+    this.segLen[i] = len;
+    this.segs[i] = 1;
+    this.open = this.gso;
+    this.writeName(i, dst);
+    ring.pending(this);
+    return { at, index: 0 };
+  }
+
+  private writeName(i: number, dst: TxDest): void {
+    const o = this.nameOff(i);
+    const dv = this.dv;
+    const u8 = new Uint8Array(this.mem.view, o, SOCKADDR);
+    const v4 = dst.addr.length === 4;
+    dv.setUint16(o, v4 ? AF_INET : AF_INET6, isLittleEndian);
+    dv.setUint16(o + 2, dst.port, false);
+    if (v4) {
+      u8.set(dst.addr, 4);
+      u8.fill(0, 8, 16);
+    } else {
+      dv.setUint32(o + 4, 0); // flowinfo
+      u8.set(dst.addr, 8);
+      dv.setUint32(o + 24, 0); // scope id: link-local peers with a zone take the dgram path
+    }
+    dv.setUint32(i * MMSG + OFF_NAMELEN, v4 ? 16 : 28, isLittleEndian);
+  }
+
+  /** Hands every queued message to the kernel; what it will not take goes to `spill`, in order. */
+  flush(): void {
+    const n = this.n;
+    if (n === 0) return;
+    this.n = 0;
+    this.open = false;
+    const dv = this.dv;
+    const base = this.ring.base;
+    for (let i = 0; i < n; i++) {
+      const m = i * MMSG;
+      const iov = this.iovOff(i);
+      setWord(dv, iov, base + this.at[i]!);
+      setWord(dv, iov + 8, this.bytes[i]!);
+      if (this.segs[i]! > 1) {
+        const c = this.cmsgOff(i);
+        dv.setUint16(c + 16, this.segLen[i]!, isLittleEndian);
+        setWord(dv, m + OFF_CONTROL, this.base + c);
+        setWord(dv, m + OFF_CONTROLLEN, CMSG);
+      } else {
+        setWord(dv, m + OFF_CONTROL, 0);
+        setWord(dv, m + OFF_CONTROLLEN, 0);
+      }
+    }
+    let done = 0;
+    while (done < n) {
+      const r = this.ffi.sendmmsg(this.fd, done === 0 ? this.vec : this.vec.subarray(done * MMSG), n - done, MSG_DONTWAIT);
+      if (r > 0) {
+        done += r;
+        continue;
+      }
+      const errno = this.ffi.errno();
+      if (errno === EINTR) continue;
+      if (errno === EAGAIN) break;
+      // The first message was refused (EMSGSIZE, ENETUNREACH, …): it is lost, as a datagram may be.
+      this.ring.errors += this.segs[done]!;
+      done++;
+    }
+    for (let i = done; i < n; i++) this.spillMessage(i);
+    for (let i = 0; i < n; i++) this.dsts[i] = undefined;
+  }
+
+  private spillMessage(i: number): void {
+    const dst = this.dsts[i]!;
+    const seg = this.segLen[i]!;
+    let at = this.at[i]!;
+    let left = this.bytes[i]!;
+    for (let k = 0; left > 0; k++) {
+      const len = Math.min(seg, left);
+      this.spill(dst, this.ring.bytes.slice(at, at + len), k);
+      at += len;
+      left -= len;
+    }
+  }
+
+  dispose(): void {
+    this.ffi.free(this.mem.ptr);
+  }
+}
+
+/**
+ * The bytes of every queued datagram of one link, in native memory: taken from the start again
+ * whenever nothing is queued (so it stays hot in cache), flushed whole when it fills.
+ */
+export class TxRing {
+  readonly bytes: Uint8Array;
+  /** The address of `bytes[0]`. */
+  readonly base: number;
+  private readonly mem: { ptr: unknown; address: bigint; view: ArrayBuffer };
+  private next = 0;
+  private readonly queues = new Set<TxQueue>();
+  private flushQueued = false;
+  /** Datagrams the kernel refused (not EAGAIN). */
+  errors = 0;
+
+  private disposed = false;
+
+  constructor(
+    private readonly ffi: BatchIoFfi,
+    readonly size: number,
+  ) {
+    this.mem = ffi.alloc(size);
+    this.bytes = new Uint8Array(this.mem.view);
+    this.base = Number(this.mem.address);
+  }
+
+  /** Whether `len` more bytes can follow at `end` (the end of the last message). */
+  canExtend(end: number, len: number): boolean {
+    return end === this.next && this.next + len <= this.size;
+  }
+
+  take(len: number): number {
+    const at = this.next;
+    this.next += len;
+    return at;
+  }
+
+  tryTake(len: number): number {
+    if (this.next + len > this.size) return -1;
+    return this.take(len);
+  }
+
+  /** Notes a queue with messages; the first one of a task schedules the flush. */
+  pending(q: TxQueue): void {
+    this.queues.add(q);
+    if (!this.flushQueued) {
+      this.flushQueued = true;
+      queueMicrotask(() => this.flushAll());
+    }
+  }
+
+  flushAll(): void {
+    this.flushQueued = false;
+    if (this.disposed) return;
+    for (const q of this.queues) q.flush();
+    this.queues.clear();
+    this.next = 0;
+  }
+
+  dispose(): void {
+    if (this.disposed) return;
+    this.disposed = true;
+    this.queues.clear();
+    this.ffi.free(this.mem.ptr);
+  }
+}
+
+/** Where `RxRing` delivers: a datagram (a view of a slot), its source, and whether it was truncated. */
+export type RxDeliver = (datagram: Uint8Array, srcAddr: Uint8Array, srcPort: number, truncated: boolean) => void;
+
+/**
+ * Reads a socket with `recvmmsg` into `BATCH` slots whenever libuv reports it readable. The socket
+ * is a duplicate of the `dgram` socket's descriptor, whose own reading is stopped (two libuv
+ * watchers on one descriptor are not allowed; two descriptors of one socket are).
+ */
+export class RxRing {
+  private readonly mem: { ptr: unknown; address: bigint; view: ArrayBuffer };
+  private readonly vec: Uint8Array;
+  private readonly dv: DataView;
+  private readonly slots: Uint8Array[] = [];
+  private readonly names: Uint8Array[] = [];
+  private readonly poll: PollHandle;
+  private closed = false;
+
+  constructor(
+    private readonly ffi: BatchIoFfi,
+    private readonly fd: number,
+    private readonly family: 4 | 6,
+    private readonly deliver: RxDeliver,
+    private readonly after: () => void,
+  ) {
+    const dataOff = BATCH * (MMSG + IOV + SOCKADDR);
+    this.mem = ffi.alloc(dataOff + BATCH * RX_SLOT);
+    this.vec = new Uint8Array(this.mem.view, 0, BATCH * MMSG);
+    this.dv = new DataView(this.mem.view);
+    const base = Number(this.mem.address);
+    for (let i = 0; i < BATCH; i++) {
+      const m = i * MMSG;
+      const iov = BATCH * MMSG + i * IOV;
+      const name = BATCH * (MMSG + IOV) + i * SOCKADDR;
+      const slot = dataOff + i * RX_SLOT;
+      setWord(this.dv, m + OFF_NAME, base + name);
+      setWord(this.dv, m + OFF_IOV, base + iov);
+      setWord(this.dv, m + OFF_IOVLEN, 1);
+      setWord(this.dv, iov, base + slot);
+      setWord(this.dv, iov + 8, RX_SLOT);
+      this.slots.push(new Uint8Array(this.mem.view, slot, RX_SLOT));
+      this.names.push(new Uint8Array(this.mem.view, name + (family === 4 ? 4 : 8), family === 4 ? 4 : 16));
+    }
+    this.poll = ffi.poll(fd, { readable: true }, () => this.drain());
+  }
+
+  private drain(): void {
+    const dv = this.dv;
+    const nameLen = this.family === 4 ? 16 : 28;
+    let budget = RX_BUDGET;
+    while (!this.closed && budget > 0) {
+      for (let i = 0; i < BATCH; i++) {
+        dv.setUint32(i * MMSG + OFF_NAMELEN, nameLen, isLittleEndian);
+        dv.setInt32(i * MMSG + OFF_FLAGS, 0, isLittleEndian);
+      }
+      const r = this.ffi.recvmmsg(this.fd, this.vec, BATCH, MSG_DONTWAIT, null);
+      if (r <= 0) break; // EAGAIN: drained (any other error: nothing to read either)
+      const nameOff = BATCH * (MMSG + IOV);
+      for (let i = 0; i < r && !this.closed; i++) {
+        const m = i * MMSG;
+        const len = dv.getUint32(m + OFF_LEN, isLittleEndian);
+        const truncated = (dv.getInt32(m + OFF_FLAGS, isLittleEndian) & MSG_TRUNC) !== 0;
+        const port = dv.getUint16(nameOff + i * SOCKADDR + 2, false);
+        this.deliver(this.slots[i]!.subarray(0, len), this.names[i]!, port, truncated);
+      }
+      budget -= r;
+      if (r < BATCH) break;
+    }
+    this.after();
+  }
+
+  close(): void {
+    if (this.closed) return;
+    this.closed = true;
+    this.poll.stop();
+    this.poll.close();
+    this.ffi.close(this.fd);
+    this.ffi.free(this.mem.ptr);
+  }
+}
