@@ -102,7 +102,7 @@ export type TxSpill = (dst: TxDest, datagram: Uint8Array, trainIndex: number) =>
  * datagrams of one size (the last may be shorter), their bytes in the shared `TxRing`.
  */
 export class TxQueue {
-  private readonly mem: { ptr: unknown; address: bigint; view: ArrayBuffer };
+  private readonly mem: { address: bigint; view: ArrayBuffer };
   /** The message vector as the FFI passes it (a typed array's memory is passed as the pointer). */
   private readonly vec: Uint8Array;
   private readonly dv: DataView;
@@ -247,7 +247,7 @@ export class TxQueue {
       if (errno === EINTR) continue;
       if (errno === EAGAIN) break;
       // The first message was refused (EMSGSIZE, ENETUNREACH, …): it is lost, as a datagram may be.
-      this.ring.errors += this.segs[done]!;
+      this.ring.refused(this.segs[done]!);
       done++;
     }
     for (let i = done; i < n; i++) this.spillMessage(i);
@@ -267,9 +267,6 @@ export class TxQueue {
     }
   }
 
-  dispose(): void {
-    this.ffi.free(this.mem.ptr);
-  }
 }
 
 /**
@@ -280,18 +277,17 @@ export class TxRing {
   readonly bytes: Uint8Array;
   /** The address of `bytes[0]`. */
   readonly base: number;
-  private readonly mem: { ptr: unknown; address: bigint; view: ArrayBuffer };
+  private readonly mem: { address: bigint; view: ArrayBuffer };
   private next = 0;
   private readonly queues = new Set<TxQueue>();
   private flushQueued = false;
-  /** Datagrams the kernel refused (not EAGAIN). */
-  errors = 0;
-
   private disposed = false;
 
+  /** `refused` counts datagrams the kernel rejected (EMSGSIZE, ENETUNREACH, …: not EAGAIN). */
   constructor(
-    private readonly ffi: BatchIoFfi,
+    ffi: BatchIoFfi,
     readonly size: number,
+    readonly refused: (datagrams: number) => void,
   ) {
     this.mem = ffi.alloc(size);
     this.bytes = new Uint8Array(this.mem.view);
@@ -331,11 +327,10 @@ export class TxRing {
     this.next = 0;
   }
 
+  /** After close: nothing more is sent (a flush already scheduled does nothing). */
   dispose(): void {
-    if (this.disposed) return;
     this.disposed = true;
     this.queues.clear();
-    this.ffi.free(this.mem.ptr);
   }
 }
 
@@ -348,7 +343,7 @@ export type RxDeliver = (datagram: Uint8Array, srcAddr: Uint8Array, srcPort: num
  * watchers on one descriptor are not allowed; two descriptors of one socket are).
  */
 export class RxRing {
-  private readonly mem: { ptr: unknown; address: bigint; view: ArrayBuffer };
+  private readonly mem: { address: bigint; view: ArrayBuffer };
   private readonly vec: Uint8Array;
   private readonly dv: DataView;
   private readonly slots: Uint8Array[] = [];
@@ -415,6 +410,5 @@ export class RxRing {
     this.poll.stop();
     this.poll.close();
     this.ffi.close(this.fd);
-    this.ffi.free(this.mem.ptr);
   }
 }

@@ -55,9 +55,11 @@ export interface BatchIoFfi {
   dup: (fd: number) => number;
   close: (fd: number) => number;
   errno: () => number;
-  /** Native memory that neither moves nor is collected: the kernel is handed its addresses. */
-  alloc: (bytes: number) => { ptr: unknown; address: bigint; view: ArrayBuffer };
-  free: (ptr: unknown) => void;
+  /**
+   * Zeroed memory whose address the kernel may be handed: an ArrayBuffer's backing store, which V8
+   * never moves, and which lives as long as any view of it (so a view kept too long stays valid).
+   */
+  alloc: (bytes: number) => { address: bigint; view: ArrayBuffer };
   /** libuv poll on a descriptor (koffi's `uv_poll_t`). */
   poll: (fd: number, opts: { readable?: boolean; writable?: boolean }, cb: (ev: { readable: boolean; writable: boolean }) => void) => PollHandle;
 }
@@ -107,10 +109,9 @@ function loadLibc(): Libc | undefined {
       close,
       errno: () => koffi.errno(),
       alloc: (bytes) => {
-        const ptr = koffi.alloc('uint8_t', bytes);
-        return { ptr, address: koffi.address(ptr), view: koffi.view(ptr, bytes) };
+        const view = new ArrayBuffer(bytes);
+        return { address: koffi.address(new Uint8Array(view)), view };
       },
-      free: (ptr) => koffi.free(ptr),
       poll: (fd, opts, cb) => koffi.node.poll(fd, opts, cb) as PollHandle,
     };
     const names = new Map<number, string>();

@@ -287,7 +287,7 @@ export class UdpLink implements WireLink {
     this.sendMode = opts.sendMode;
     this.info = { family, srcAddr: localAddr, dstAddr: localAddr, srcPort: 0, dstPort: 0, ipId: 0, ipFlagsFrag: 0x4000 };
     this.batch = opts.batchIo ? batchIoFfi() : undefined;
-    if (this.batch !== undefined) this.txRing = new TxRing(this.batch, TX_RING_BYTES);
+    if (this.batch !== undefined) this.txRing = new TxRing(this.batch, TX_RING_BYTES, (n) => (this.drop.sendError += n));
     this.sendDone = opts.reportSendErrors
       ? (err) => {
           if (err) this.drop.sendError++;
@@ -700,7 +700,6 @@ export class UdpLink implements WireLink {
     this.rxHook = undefined;
     this.rx?.close();
     this.rx = undefined;
-    for (const q of this.txQueues.values()) q.dispose();
     this.txQueues.clear();
     this.txRing?.dispose();
     this.txRing = undefined;
