@@ -75,6 +75,51 @@ export const crc32Table: Crc32 = (data, prev = 0) => {
   return ~c >>> 0;
 };
 
+// Running the CRC backwards. One zero-byte step r -> T0[r & 0xff] ^ (r >>> 8) is linear and
+// invertible: T0's 256 top bytes are all different, so the top byte of the result names the table
+// index, and the rest follows. UNSHIFT4 is the inverse of four such steps, sliced by byte like SLICE:
+// the register difference at the start of four bytes that ends up as a given difference after them.
+const T0_BY_TOP = new Uint8Array(256);
+for (let n = 0; n < 256; n++) T0_BY_TOP[T0[n]! >>> 24] = n;
+const UNSHIFT4 = new Int32Array(4 * 256);
+for (let k = 0; k < 4; k++) {
+  for (let b = 0; b < 256; b++) {
+    let r = b << (8 * k);
+    for (let s = 0; s < 4; s++) {
+      const n = T0_BY_TOP[r >>> 24]!;
+      r = ((r ^ T0[n]!) << 8) | n;
+    }
+    UNSHIFT4[k * 256 + b] = r;
+  }
+}
+const U0 = UNSHIFT4.subarray(0, 256);
+const U1 = UNSHIFT4.subarray(256, 512);
+const U2 = UNSHIFT4.subarray(512, 768);
+const U3 = UNSHIFT4.subarray(768, 1024);
+
+/**
+ * The CRC of a message without its last four bytes, from `crc`, the CRC of the whole message, and
+ * `tail`, those four bytes read as a little-endian word. Lets a caller CRC a buffer whole, trailer
+ * included, instead of creating a view that stops short of it (~30 ns for the view, a few for this).
+ * Chaining as for `Crc32`: with `crc = crc32(m ‖ t, prev)` it returns `crc32(m, prev)`.
+ */
+export function crc32DropTail4(crc: number, tail: number): number {
+  // Four bytes t enter the register r as the word r ^ t moved through four zero bytes.
+  const r = ~crc;
+  return ~(U0[r & 0xff]! ^ U1[(r >>> 8) & 0xff]! ^ U2[(r >>> 16) & 0xff]! ^ U3[r >>> 24]! ^ tail) >>> 0;
+}
+
+/**
+ * A seed that stands in for a change to byte 4: `crc32(d, crc32XorByte4(prev, x))` equals
+ * `crc32(d', prev)` for d' equal to d but with `d'[4] = d[4] ^ x` (the low byte of x; d at least 5 bytes).
+ * Lets a caller CRC a buffer it may not modify as if one byte were masked (the ICRC's BTH byte 4),
+ * in the same call as the bytes around it.
+ */
+export function crc32XorByte4(prev: number, x: number): number {
+  // The register meets byte 4 after four bytes; flipping x there equals flipping its preimage at the start.
+  return (prev ^ U0[x & 0xff]!) >>> 0;
+}
+
 const require = createRequire(import.meta.url);
 
 interface CrcPackage {

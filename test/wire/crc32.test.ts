@@ -2,12 +2,14 @@ import t from 'tap';
 import {
   crc32,
   crc32Bitwise,
+  crc32DropTail4,
   crc32Implementations,
   crc32Name,
   crc32Native,
   crc32Pkg,
   crc32SelfTest,
   crc32Table,
+  crc32XorByte4,
   crc32Zlib,
   type Crc32,
 } from '../../src/wire/crc32.js';
@@ -114,3 +116,49 @@ for (const { name, fn } of loaded) {
     t.same(big, before, 'the input is not modified');
   });
 }
+
+t.test('crc32DropTail4 takes the last four bytes back off', async (t) => {
+  const rnd = xorshift32(0x7a11);
+  let bad = 0;
+  for (let k = 0; k < 300; k++) {
+    const b = randomBytes(rnd, 4 + (rnd() % 5000));
+    const n = b.length;
+    const tail = (b[n - 4]! | (b[n - 3]! << 8) | (b[n - 2]! << 16) | (b[n - 1]! << 24)) >>> 0;
+    const prev = k % 3 === 0 ? 0 : rnd() >>> 0;
+    const got = crc32DropTail4(crc32(b, prev), tail);
+    if (got !== crc32Bitwise(b.subarray(0, n - 4), prev) || !(got >= 0 && got <= 0xffffffff)) bad++;
+  }
+  t.equal(bad, 0, '300 random buffers of 4 … 5003 bytes, with and without a seed');
+  const check = ascii('123456789');
+  const withCrc = new Uint8Array([...check, 0x26, 0x39, 0xf4, 0xcb]);
+  t.equal(crc32(withCrc), 0x2144df1c, 'a message followed by its CRC has the CRC-32 residue');
+  t.equal(crc32DropTail4(crc32(withCrc), 0xcbf43926), 0xcbf43926, 'dropping the CRC gives back the CRC of the message');
+});
+
+t.test('crc32XorByte4 stands in for a change to byte 4', async (t) => {
+  const rnd = xorshift32(0xb7e4);
+  let bad = 0;
+  for (let k = 0; k < 200; k++) {
+    const b = randomBytes(rnd, 5 + (rnd() % 300));
+    const prev = k % 4 === 0 ? 0 : rnd() >>> 0;
+    const x = k < 2 ? k * 0xff : rnd() & 0xff;
+    const changed = b.slice();
+    changed[4] = changed[4]! ^ x;
+    const seed = crc32XorByte4(prev, x);
+    // Also chained: the seed holds when the bytes go through in pieces, byte 4 in any of them.
+    const cut = rnd() % (b.length + 1);
+    if (crc32(b, seed) !== crc32Bitwise(changed, prev)) bad++;
+    if (crc32(b.subarray(cut), crc32(b.subarray(0, cut), seed)) !== crc32Bitwise(changed, prev)) bad++;
+    if (!(seed >= 0 && seed <= 0xffffffff)) bad++;
+  }
+  t.equal(bad, 0, '200 random buffers, every x and seeds at and above 2^31');
+  let all = 0;
+  const b = randomBytes(rnd, 12);
+  for (let x = 0; x < 256; x++) {
+    const changed = b.slice();
+    changed[4] = changed[4]! ^ x;
+    if (crc32Bitwise(b, crc32XorByte4(0x9abcdef0, x)) !== crc32Bitwise(changed, 0x9abcdef0)) all++;
+  }
+  t.equal(all, 0, 'all 256 values of x over a 12-byte BTH-sized buffer');
+  t.equal(crc32XorByte4(0x12345678, 0), 0x12345678, 'x = 0 leaves the seed alone');
+});
