@@ -42,9 +42,16 @@ export interface Side {
 
 /** Opens a device on `address`, port 0, with one PD and one CQ. */
 export async function openSide(address: string, mtu: number, cqe: number): Promise<Side> {
-  // ROCE_BENCH_SEND_MODE=ring|scatter compares UdpLink's two send paths (see src/link/udp.ts).
+  // ROCE_BENCH_SEND_MODE=ring|scatter compares UdpLink's dgram send paths with the batched one
+  // (the default), ROCE_BENCH_SOURCE_PORTS=bound the device's per-flow source ports with one port
+  // (see src/link/udp.ts).
   const mode = process.env['ROCE_BENCH_SEND_MODE'];
-  const ctx = await openDevice({ address, port: 0, mtu, ...(mode === 'ring' || mode === 'scatter' ? { udp: { sendMode: mode } } : {}) });
+  const ports = process.env['ROCE_BENCH_SOURCE_PORTS'];
+  const udp: { sendMode?: 'ring' | 'scatter'; batchIo?: boolean; sourcePorts?: 'bound' | 'per-flow' } = {
+    ...(mode === 'ring' || mode === 'scatter' ? { sendMode: mode, batchIo: false } : {}),
+    ...(ports === 'bound' || ports === 'per-flow' ? { sourcePorts: ports } : {}),
+  };
+  const ctx = await openDevice({ address, port: 0, mtu, udp });
   const pd = allocPd(ctx);
   const cq = createCq(ctx, { cqe });
   return { ctx, pd, cq };

@@ -182,7 +182,8 @@ export class Device {
     if (t === undefined) return;
     const now = this.clock.now();
     if (t <= now) {
-      this.cancel(qp);
+      // An armed timer stays: a QP with traffic becomes ready once per message, and clearing its
+      // ACK timer each time cost a clearTimeout + setTimeout per message; firing early is a no-op poll.
       this.ready.add(qp);
       this.deferRun();
       return;
