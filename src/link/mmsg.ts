@@ -376,8 +376,23 @@ export class RxRing {
       this.slots.push(new Uint8Array(this.mem.view, slot, RX_SLOT));
       this.names.push(new Uint8Array(this.mem.view, name + (family === 4 ? 4 : 8), family === 4 ? 4 : 16));
     }
-    this.poll = ffi.poll(fd, { readable: true }, () => this.drain());
+    // koffi calls this outside any node callback scope, so promise reactions and microtasks queued
+    // by what the datagrams trigger (completions awaited by the application, the send flush) would
+    // wait for the next unrelated callback, up to a timer's millisecond. The reading is therefore
+    // done in an immediate of the same loop turn (the check phase follows the poll phase), which
+    // node runs in a scope that drains them.
+    this.poll = ffi.poll(fd, { readable: true }, () => {
+      if (this.scheduled) return;
+      this.scheduled = true;
+      setImmediate(this.drainTask);
+    });
   }
+
+  private scheduled = false;
+  private readonly drainTask = (): void => {
+    this.scheduled = false;
+    this.drain();
+  };
 
   private drain(): void {
     const dv = this.dv;
