@@ -266,6 +266,8 @@ export class UdpLink implements WireLink {
   private lastTxDest: TxDest | undefined;
   private readonly peers4 = new Map<number, PeerAddress>();
   private readonly peers6 = new Map<string, PeerAddress>();
+  private lastPeer6: PeerAddress | undefined;
+  private readonly lastPeer6Addr = new Uint8Array(16);
   private handler: LinkRxHandler | undefined;
   private rxHook: RxHook | undefined;
   private probeNonce: Uint8Array | undefined;
@@ -529,7 +531,10 @@ export class UdpLink implements WireLink {
 
   /** The sockaddr form of `dst`, cached; undefined for a zoned IPv6 address (dgram resolves the zone). */
   private txDest(dst: PeerAddress, addr: Uint8Array): TxDest | undefined {
-    if (dst === this.lastDst) return this.lastTxDest;
+    const last = this.lastTxDest;
+    // The same record as last time (engines pass their QP's), checked field by field in case a
+    // caller reuses one record for several peers.
+    if (dst === this.lastDst && last !== undefined && last.port === dst.port && last.address === dst.address) return last;
     if (dst.address.includes('%')) return undefined;
     const key = `${dst.address}|${dst.port}`;
     let d = this.txDests.get(key);
@@ -608,6 +613,8 @@ export class UdpLink implements WireLink {
       }
       return p;
     }
+    const last = this.lastPeer6;
+    if (last !== undefined && last.port === port && sameBytes(this.lastPeer6Addr, addr)) return last;
     const text = formatIpAddress(addr);
     const key = `${text}|${port}`;
     let p = this.peers6.get(key);
@@ -616,6 +623,8 @@ export class UdpLink implements WireLink {
       p = { address: text, port };
       this.peers6.set(key, p);
     }
+    this.lastPeer6 = p;
+    this.lastPeer6Addr.set(addr);
     return p;
   }
 
@@ -921,6 +930,11 @@ function isLoopback(addr: Uint8Array): boolean {
   if (addr.length === 4) return addr[0] === 127;
   for (let i = 0; i < 15; i++) if (addr[i] !== 0) return false;
   return addr[15] === 1;
+}
+
+function sameBytes(a: Uint8Array, b: Uint8Array): boolean {
+  for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return false;
+  return true;
 }
 
 function validPort(p: number): boolean {
