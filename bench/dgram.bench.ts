@@ -10,6 +10,15 @@
  *   dropped at the receiver's socket buffer; what counts is what arrives.
  * - Windowed: the receiver ACKs every 16 datagrams with its running count, the sender keeps at most 256
  *   unacknowledged: the practical no-loss ceiling, the shape of an RC flow without the protocol.
+ * - Blast batched: the same blast through the batched datagram path of `UdpLink` (`src/link/mmsg.ts`),
+ *   to show what the socket layer alone gains. The sender writes each datagram into a `TxRing` (as
+ *   `UdpLink.send` does: `TxQueue.add`, then the bytes at the offset it returns) from an unconnected
+ *   socket's descriptor and flushes every burst of 64 with one `sendmmsg`: one message per datagram
+ *   (`batched`), or consecutive datagrams as UDP GSO trains (`batched GSO`, up to 64 segments and
+ *   64 KiB a train). The receiver reads with `RxRing` (`recvmmsg` into fixed slots, polled by libuv
+ *   on a dup of its socket's descriptor, `dgram`'s own reading stopped). No `IP_PMTUDISC_DO` and no
+ *   ICRC: raw datagrams, as in the other blasts. The ratio is to the connected blast of the same size.
+ *   Without the FFI (koffi) these rows are NaN and reported FAILED.
  * - Ping-pong: one datagram in flight, echoed back; median and p99 round trip.
  *
  * Run alone: `node dist/bench/dgram.bench.js [--quick]` (after `npm run build`).
@@ -20,6 +29,8 @@ import { once } from 'node:events';
 import { performance } from 'node:perf_hooks';
 import { setImmediate as yieldTurn, setTimeout as sleep } from 'node:timers/promises';
 import { pathToFileURL } from 'node:url';
+import { RxRing, TxQueue, TxRing, type TxDest } from '../src/link/mmsg.js';
+import { batchIoFfi, ffiStatus, socketFd, stopDgramReading, type BatchIoFfi } from '../src/link/sockopt.js';
 import { formatRows, type BenchRow } from './harness.js';
 import { machineLine, ProcGroup, runCases, type ChildContext, type ProcCase, type Workload } from './procs.js';
 
@@ -31,10 +42,17 @@ const RCVBUF = 8 << 20;
 const ACK_EVERY = 16;
 const WINDOW = 256;
 
-export type DgramVariant = 'connected' | 'unconnected' | 'windowed connected' | 'windowed unconnected';
+/** Send ring of the batched blast, as `UdpLink`'s (a burst of 64 × 4150 bytes takes 266 KB of it). */
+const TX_RING_BYTES = 2 << 20;
+
+export type DgramVariant = 'connected' | 'unconnected' | 'windowed connected' | 'windowed unconnected' | 'batched' | 'batched GSO';
 const VARIANTS: readonly DgramVariant[] = ['connected', 'unconnected', 'windowed connected', 'windowed unconnected'];
+/** The blast through `mmsg.ts` (sendmmsg → recvmmsg), without and with GSO trains. */
+const BATCHED_VARIANTS: readonly DgramVariant[] = ['batched', 'batched GSO'];
 
 function variantLabel(v: DgramVariant): string {
+  if (v === 'batched') return 'blast batched (sendmmsg → recvmmsg)';
+  if (v === 'batched GSO') return 'blast batched GSO (sendmmsg trains → recvmmsg)';
   return v.startsWith('windowed') ? `windowed ${WINDOW}/${ACK_EVERY} ${v.slice('windowed '.length)}` : `blast ${v}`;
 }
 
@@ -62,8 +80,10 @@ function udp4(opts: { rcvbuf?: number } = {}): Socket {
 }
 
 async function bindLocal(s: Socket): Promise<number> {
+  // The promise first: with a synchronous lookup 'listening' would fire inside bind().
+  const listening = once(s, 'listening');
   s.bind(0, HOST);
-  await once(s, 'listening');
+  await listening;
   return s.address().port;
 }
 
@@ -203,6 +223,133 @@ const blastSender: Workload = async (args: SenderArgs, ctx: ChildContext): Promi
   }
 };
 
+/** The batched path's calls, or an error saying why they are missing (the row then fails). */
+function requireBatchIo(): BatchIoFfi {
+  const ffi = batchIoFfi();
+  if (ffi === undefined) {
+    const st = ffiStatus();
+    throw new Error(`batched I/O unavailable: ${st.ok ? 'FFI unavailable' : st.message}`);
+  }
+  return ffi;
+}
+
+/**
+ * `blastReceiver` through `RxRing`: `recvmmsg` on a dup of the socket's descriptor, `dgram`'s own
+ * reading stopped; counts delivered datagrams over `windowMs`, starting `warmupMs` after the first.
+ */
+const batchedReceiver: Workload = async (args: ReceiverArgs, ctx: ChildContext): Promise<ReceiverResult & { truncated: number }> => {
+  const ffi = requireBatchIo();
+  const s = udp4({ rcvbuf: RCVBUF });
+  let rx: RxRing | undefined;
+  try {
+    const port = await bindLocal(s);
+    const fd = socketFd(s);
+    if (fd === undefined) throw new Error('receiver socket has no file descriptor');
+    const dupFd = ffi.dup(fd);
+    if (dupFd < 0) throw new Error(`dup(${fd}) failed: errno ${ffi.errno()}`);
+    if (!stopDgramReading(s)) {
+      ffi.close(dupFd);
+      throw new Error("cannot stop dgram's reading of the receiver socket");
+    }
+    let count = 0;
+    let bytes = 0;
+    let wrongSize = 0;
+    let truncated = 0;
+    let first: () => void = () => {};
+    const firstSeen = new Promise<void>((resolve) => {
+      first = resolve;
+    });
+    rx = new RxRing(
+      ffi,
+      dupFd,
+      4,
+      (datagram, _addr, _port, trunc) => {
+        if (count === 0) first();
+        count++;
+        bytes += datagram.length;
+        if (trunc) truncated++;
+        if (datagram.length !== args.size) wrongSize++;
+      },
+      () => {},
+    );
+    await ctx.ready({ port });
+    const waited = await Promise.race([firstSeen.then(() => true), sleep(5000).then(() => false)]);
+    if (!waited) throw new Error('no datagram from the sender within 5 s');
+    await sleep(args.warmupMs);
+    const c0 = count;
+    const b0 = bytes;
+    const t0 = performance.now();
+    await sleep(args.windowMs);
+    const t1 = performance.now();
+    return { datagrams: count - c0, bytes: bytes - b0, seconds: (t1 - t0) / 1000, wrongSize, truncated };
+  } finally {
+    rx?.close();
+    await closeSocket(s);
+  }
+};
+
+interface BatchedSenderArgs {
+  size: number;
+  /** Consecutive datagrams as UDP GSO trains. */
+  gso: boolean;
+  /** Datagrams per event-loop turn, flushed at its end. */
+  burst: number;
+}
+export interface BatchedSenderResult extends SenderResult {
+  /** Datagrams the kernel would not take at once (EAGAIN), dropped here (`UdpLink` hands them to dgram). */
+  spilled: number;
+  /** Datagrams for which neither the queue nor the ring had room. */
+  noRoom: number;
+}
+
+/**
+ * `blastSender` through `TxQueue`/`TxRing` on an unconnected socket's descriptor: writes each datagram
+ * into the ring as `UdpLink.send` does and flushes every burst of `burst` with `sendmmsg`.
+ */
+const batchedSender: Workload = async (args: BatchedSenderArgs, ctx: ChildContext): Promise<BatchedSenderResult> => {
+  const ffi = requireBatchIo();
+  const s = udp4();
+  let ring: TxRing | undefined;
+  try {
+    const port = await bindLocal(s);
+    const fd = socketFd(s);
+    if (fd === undefined) throw new Error('sender socket has no file descriptor');
+    let refused = 0;
+    let refusedErrno = 0;
+    let spilled = 0;
+    ring = new TxRing(ffi, TX_RING_BYTES, (n) => {
+      refused += n;
+      refusedErrno = ffi.errno();
+    });
+    const q = new TxQueue(ffi, fd, ring, args.gso, () => spilled++);
+    const peers = await ctx.ready({ port });
+    const dest: TxDest = { address: HOST, port: peerPort(peers, 'rx'), addr: new Uint8Array([127, 0, 0, 1]) };
+    const payload = Buffer.alloc(args.size, 0xa5);
+    const bytes = ring.bytes;
+    let added = 0;
+    let noRoom = 0;
+    while (!ctx.isStopped()) {
+      for (let i = 0; i < args.burst; i++) {
+        const r = q.add(dest, args.size);
+        if (r === undefined) {
+          noRoom++;
+          continue;
+        }
+        bytes.set(payload, r.at);
+        added++;
+      }
+      ring.flushAll();
+      // A kernel without UDP GSO (or a refused message) loses every datagram: say so, do not just stall.
+      if (refused > 0) throw new Error(`sendmmsg refused ${refused} datagrams, errno ${refusedErrno}${args.gso ? ' (UDP GSO unsupported?)' : ''}`);
+      await yieldTurn();
+    }
+    return { sent: added - spilled, stalls: 0, spilled, noRoom };
+  } finally {
+    ring?.dispose();
+    await closeSocket(s);
+  }
+};
+
 interface PingArgs {
   size: number;
   warmup: number;
@@ -291,7 +438,7 @@ const pingPonger: Workload = async (_args: unknown, ctx: ChildContext): Promise<
 };
 
 /** Workloads the children of `procs.ts` run. */
-export const workloads: Record<string, Workload> = { blastReceiver, blastSender, pingPinger, pingPonger };
+export const workloads: Record<string, Workload> = { blastReceiver, blastSender, batchedReceiver, batchedSender, pingPinger, pingPonger };
 
 // ---------------------------------------------------------------------------------------------------
 // Suite
@@ -318,6 +465,9 @@ export async function run(opts: DgramOptions): Promise<BenchRow[]> {
   const rounds = quick ? 3 : 5;
   const blastTimeout = 5000 + 3 * (warmupMs + windowMs);
   const cases: ProcCase[] = [];
+  // The batched rows need the FFI; without it they are reported failed and not run.
+  const batchIo = ffiStatus();
+  const batchedError = batchIo.ok ? undefined : `batched I/O unavailable: ${batchIo.message}`;
   for (const size of DGRAM_SIZES) {
     for (const v of VARIANTS) {
       const windowed = v.startsWith('windowed');
@@ -333,6 +483,23 @@ export async function run(opts: DgramOptions): Promise<BenchRow[]> {
           const tx = r['tx'] as SenderResult;
           if (rx.wrongSize > 0) throw new Error(`${rx.wrongSize} datagrams of the wrong size`);
           return { pps: rx.datagrams / rx.seconds, gbps: (rx.bytes * 8) / rx.seconds / 1e9, sent: tx.sent, stalls: tx.stalls };
+        },
+      });
+    }
+    if (batchedError !== undefined) continue;
+    for (const v of BATCHED_VARIANTS) {
+      cases.push({
+        name: dgramBaselineName(size, v),
+        timeoutMs: blastTimeout,
+        tasks: {
+          rx: { workload: 'batchedReceiver', args: { size, warmupMs, windowMs, ackEvery: 0 } satisfies ReceiverArgs },
+          tx: { workload: 'batchedSender', primary: false, args: { size, gso: v === 'batched GSO', burst: 64 } satisfies BatchedSenderArgs },
+        },
+        measure: (r) => {
+          const rx = r['rx'] as ReceiverResult & { truncated: number };
+          const tx = r['tx'] as BatchedSenderResult;
+          if (rx.wrongSize > 0) throw new Error(`${rx.wrongSize} datagrams of the wrong size (${rx.truncated} truncated)`);
+          return { pps: rx.datagrams / rx.seconds, gbps: (rx.bytes * 8) / rx.seconds / 1e9, sent: tx.sent, spilled: tx.spilled, noRoom: tx.noRoom };
         },
       });
     }
@@ -364,9 +531,9 @@ export async function run(opts: DgramOptions): Promise<BenchRow[]> {
   };
   for (const size of DGRAM_SIZES) {
     const base = byName.get(dgramBaselineName(size, 'connected'))!;
-    for (const v of VARIANTS) {
+    for (const v of [...VARIANTS, ...BATCHED_VARIANTS]) {
       const name = dgramBaselineName(size, v);
-      const o = byName.get(name)!;
+      const o = byName.get(name) ?? { name, medians: {}, rounds: [], error: batchedError ?? 'not run' };
       if (o.error !== undefined || o.rounds.length === 0) {
         rows.push(failed(name, 'Gbit/s', o.error ?? 'no round'));
         continue;
