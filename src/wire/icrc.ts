@@ -27,7 +27,7 @@
  * a copy, and the ICRC field the call also covers is taken back off (`crc32DropTail4`), because a
  * `subarray` view that stops short of it costs ~30 ns, a third of a native call's fixed cost.
  */
-import { crc32, crc32DropTail4, crc32XorByte4 } from './crc32.js';
+import { CRC32_RESIDUE, crc32, crc32DropTail4, crc32XorByte4 } from './crc32.js';
 
 /** Bytes of ICRC at the end of every RoCEv2 packet. */
 export const ICRC_LEN = 4;
@@ -91,47 +91,65 @@ const PREFIX_V6 = PSEUDO.subarray(0, IPV6_HDR_LEN + UDP_HDR_LEN);
  * prefix) depends only on the family, addresses, ports, length, IPv4 ID and flags: the same for every
  * packet of a flow at one size, i.e. nearly every packet of a stream. The last one is kept with its
  * inputs; a hit skips rebuilding that part and its CRC (~40–60 ns, a fifth of an ICRC at 4 KiB), and
- * the UDP payload is CRC'd onto it (CRC chaining: crc(A‖B) = crc(B, seed crc(A))). `icrcLocated`,
- * which writes PSEUDO from a real header, drops it.
+ * the UDP payload is CRC'd onto it (CRC chaining: crc(A‖B) = crc(B, seed crc(A))). Only that CRC is
+ * kept, not PSEUDO's bytes, so `icrcLocated` may overwrite PSEUDO without dropping it.
  */
-const lastSrc = new Uint8Array(16);
-const lastDst = new Uint8Array(16);
-let lastValid = false;
-let lastFamily = 0;
-let lastSrcPort = 0;
-let lastDstPort = 0;
-let prefixLen = 0;
-let lastId = 0;
-let lastFlags = 0;
+// The addresses are compared by content, not by identity: the callers in src/link reuse cached
+// address arrays, so identity would nearly always hit, but nothing stops a caller from rewriting an
+// array in place between packets, and a stale prefix would make the ICRCs of the new flow wrong.
+// Stored as 32-bit words (src in 0–3, dst in 4–7) and compared without a branch per byte: a few
+// loads more than an identity check, where the byte loop cost ~10 ns.
+const lastAddr = new Int32Array(8);
+// The other inputs packed into three words, compared together with the addresses in one test:
+// ports; the length (the headers hold it mod 2^16 only, so that is all the key needs) with the family,
+// whose low bits are never 0, so that 0 marks the cache empty; the IPv4 ID and flags (0 for IPv6,
+// whose headers do not hold them).
+let lastPorts = 0;
+let lastLenFam = 0;
+let lastIdFlags = 0;
 let lastPrefixCrc = 0;
 
-function sameBytes(a: Uint8Array, b: Uint8Array, n: number): boolean {
-  for (let i = 0; i < n; i++) if (a[i] !== b[i]) return false;
-  return true;
+/** Bytes `o` … `o + 3` of `a` as one little-endian 32-bit word (as an Int32Array would hold them). */
+function word(a: Uint8Array, o: number): number {
+  return a[o]! | (a[o + 1]! << 8) | (a[o + 2]! << 16) | (a[o + 3]! << 24);
+}
+
+/** Zero if and only if `info`'s addresses are the cached ones: the XORs of all their words, ORed. */
+function addrDiff(info: UdpDatagramInfo): number {
+  const s = info.srcAddr;
+  const d = info.dstAddr;
+  if (info.family === 4) return (word(s, 0) ^ lastAddr[0]!) | (word(d, 0) ^ lastAddr[4]!);
+  return (
+    (word(s, 0) ^ lastAddr[0]!) | (word(s, 4) ^ lastAddr[1]!) | (word(s, 8) ^ lastAddr[2]!) | (word(s, 12) ^ lastAddr[3]!) |
+    (word(d, 0) ^ lastAddr[4]!) | (word(d, 4) ^ lastAddr[5]!) | (word(d, 8) ^ lastAddr[6]!) | (word(d, 12) ^ lastAddr[7]!)
+  );
 }
 
 /** CRC of the 8 × 0xff prefix and the masked IP + UDP headers for these inputs (cached, see above). */
 function prefixFor(info: UdpDatagramInfo, udpPayloadLen: number, ipId: number, flagsFrag: number): number {
   const fam = info.family;
-  const alen = fam === 4 ? 4 : 16;
-  if (
-    lastValid && fam === lastFamily && udpPayloadLen === prefixLen && (info.srcPort & 0xffff) === lastSrcPort &&
-    (info.dstPort & 0xffff) === lastDstPort && (fam === 6 || (ipId === lastId && flagsFrag === lastFlags)) &&
-    sameBytes(info.srcAddr, lastSrc, alen) && sameBytes(info.dstAddr, lastDst, alen)
-  ) {
-    return lastPrefixCrc;
-  }
+  const ports = ((info.srcPort & 0xffff) << 16) | (info.dstPort & 0xffff);
+  const lenFam = ((udpPayloadLen & 0xffff) << 3) | fam;
+  const idFlags = fam === 4 ? (ipId << 16) | flagsFrag : 0;
+  // One branch for the common hit rather than one per field; the miss is kept out of line, so that
+  // this stays small enough for V8 to inline into the ICRC functions.
+  if (((ports ^ lastPorts) | (lenFam ^ lastLenFam) | (idFlags ^ lastIdFlags) | addrDiff(info)) === 0) return lastPrefixCrc;
+  return newPrefix(info, udpPayloadLen, ipId, flagsFrag, ports, lenFam, idFlags);
+}
+
+/** `prefixFor` on a miss: builds the headers, CRCs them and caches the result with its key. */
+function newPrefix(info: UdpDatagramInfo, udpPayloadLen: number, ipId: number, flagsFrag: number, ports: number, lenFam: number, idFlags: number): number {
+  const fam = info.family;
   const bth = writePseudoHeaders(info, udpPayloadLen, ipId, flagsFrag);
   lastPrefixCrc = crc32(bth === IPV4_HDR_LEN + UDP_HDR_LEN ? PREFIX_V4 : PREFIX_V6, ICRC_SEED);
-  lastFamily = fam;
-  prefixLen = udpPayloadLen;
-  lastSrcPort = info.srcPort & 0xffff;
-  lastDstPort = info.dstPort & 0xffff;
-  lastId = ipId;
-  lastFlags = flagsFrag;
-  copyBytes(lastSrc, 0, info.srcAddr, 0, alen);
-  copyBytes(lastDst, 0, info.dstAddr, 0, alen);
-  lastValid = true;
+  lastPorts = ports;
+  lastLenFam = lenFam;
+  lastIdFlags = idFlags;
+  const words = fam === 4 ? 1 : 4;
+  for (let k = 0; k < words; k++) {
+    lastAddr[k] = word(info.srcAddr, 4 * k);
+    lastAddr[4 + k] = word(info.dstAddr, 4 * k);
+  }
   return lastPrefixCrc;
 }
 
@@ -221,7 +239,6 @@ function locate(ip: Uint8Array, off: number): boolean {
 /** The ICRC of the datagram `locate` just found, from its real header. */
 function icrcLocated(ip: Uint8Array, off: number): number {
   const h = locHdrLen;
-  lastValid = false; // PSEUDO is overwritten with a real header
 
   copyBytes(PSEUDO, 0, ip, off, h + UDP_HDR_LEN + BTH_LEN);
   if (h === IPV6_HDR_LEN && ip[off]! >>> 4 === 6) {
@@ -316,11 +333,17 @@ function writePseudoHeaders(info: UdpDatagramInfo, udpPayloadLen: number, ipId: 
   return h + UDP_HDR_LEN;
 }
 
+/**
+ * The CRC of the covered bytes followed by the ICRC field as it is: the whole UDP payload in one call,
+ * no view. `CRC32_RESIDUE` exactly when the field holds the right ICRC; `icrcWith` takes the field off.
+ */
+function crcThroughField(info: UdpDatagramInfo, udpPayload: Uint8Array, ipId: number, flagsFrag: number): number {
+  return crc32(udpPayload, maskedBthSeed(prefixFor(info, udpPayload.length, ipId, flagsFrag), udpPayload[BTH_MASKED_BYTE]!));
+}
+
 /** The ICRC of `udpPayload`, whose last 4 bytes read `field` (little-endian; they are not covered). */
 function icrcWith(info: UdpDatagramInfo, udpPayload: Uint8Array, field: number, ipId: number, flagsFrag: number): number {
-  const seed = maskedBthSeed(prefixFor(info, udpPayload.length, ipId, flagsFrag), udpPayload[BTH_MASKED_BYTE]!);
-  // The whole payload in one call, ICRC field included, which is then taken back off: no view.
-  return crc32DropTail4(crc32(udpPayload, seed), field);
+  return crc32DropTail4(crcThroughField(info, udpPayload, ipId, flagsFrag), field);
 }
 
 function checkArgs(info: UdpDatagramInfo, udpPayloadLen: number): void {
@@ -498,14 +521,17 @@ export function checkIcrc(info: UdpDatagramInfo, udpPayload: Uint8Array, mode: I
   const value = n >= ICRC_LEN ? readIcrc(udpPayload) : 0;
   if (mode === 'off') return { status: 'unchecked', value };
   if (n < MIN_ICRC_PAYLOAD || !infoIsValid(info)) return { status: 'bad', value };
+  // A match shows as the residue, so the ICRC itself is only worked out (the field taken off) for a mismatch.
   if (info.family === 6) {
-    const expected = icrcWith(info, udpPayload, value, 0, 0);
-    return { status: expected === value ? 'ok' : 'bad', value, expected };
+    const through = crcThroughField(info, udpPayload, 0, 0);
+    if (through === CRC32_RESIDUE) return { status: 'ok', value, expected: value };
+    return { status: 'bad', value, expected: crc32DropTail4(through, value) };
   }
   const ipId0 = (info.ipId ?? 0) & 0xffff;
   const flags0 = (info.ipFlagsFrag ?? IPV4_DF) & 0xffff;
-  const expected = icrcWith(info, udpPayload, value, ipId0, flags0);
-  if (expected === value) return { status: 'ok', value, expected, ipId: ipId0, dontFragment: (flags0 & IPV4_DF) !== 0 };
+  const through = crcThroughField(info, udpPayload, ipId0, flags0);
+  if (through === CRC32_RESIDUE) return { status: 'ok', value, expected: value, ipId: ipId0, dontFragment: (flags0 & IPV4_DF) !== 0 };
+  const expected = crc32DropTail4(through, value);
   if (mode !== 'recover') return { status: 'bad', value, expected };
   const r = solveIpv4(n, value, expected, ipId0, flags0);
   if (r < 0) return { status: 'bad', value, expected };

@@ -1,5 +1,6 @@
 import t from 'tap';
 import {
+  CRC32_RESIDUE,
   crc32,
   crc32Bitwise,
   crc32DropTail4,
@@ -133,6 +134,27 @@ t.test('crc32DropTail4 takes the last four bytes back off', async (t) => {
   const withCrc = new Uint8Array([...check, 0x26, 0x39, 0xf4, 0xcb]);
   t.equal(crc32(withCrc), 0x2144df1c, 'a message followed by its CRC has the CRC-32 residue');
   t.equal(crc32DropTail4(crc32(withCrc), 0xcbf43926), 0xcbf43926, 'dropping the CRC gives back the CRC of the message');
+});
+
+t.test('CRC32_RESIDUE: a message followed by its own CRC, and by nothing else', async (t) => {
+  const rnd = xorshift32(0x2e51);
+  let bad = 0;
+  for (let k = 0; k < 300; k++) {
+    const n = rnd() % 3000;
+    const b = randomBytes(rnd, n + 4);
+    const prev = k % 3 === 0 ? 0 : rnd() >>> 0;
+    const c = crc32Bitwise(b.subarray(0, n), prev);
+    b[n] = c;
+    b[n + 1] = c >>> 8;
+    b[n + 2] = c >>> 16;
+    b[n + 3] = c >>> 24;
+    for (const { fn } of crc32Implementations) if (fn(b, prev) !== CRC32_RESIDUE) bad++;
+    // Any other trailer (a random nonzero change to it) gives something else.
+    const d = (rnd() >>> 0) || 1;
+    for (let i = 0; i < 4; i++) b[n + i] = b[n + i]! ^ (d >>> (8 * i));
+    if (crc32(b, prev) === CRC32_RESIDUE) bad++;
+  }
+  t.equal(bad, 0, '300 random messages of 0 … 2999 bytes, with and without a seed, every implementation');
 });
 
 t.test('crc32XorByte4 stands in for a change to byte 4', async (t) => {

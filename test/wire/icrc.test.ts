@@ -87,7 +87,11 @@ t.test('known answers from the captures', async (t) => {
   const payload4 = ACK_V4.subarray(28);
   t.equal(icrcOfUdpPayload({ ...info4, ipId: 0x9119, ipFlagsFrag: 0x4000 }, payload4), 0x996d6f3f, 'rebuilt header, real ID');
   t.equal(icrcOfUdpPayload({ ...info4, ipId: 0x9119 }, payload4), 0x996d6f3f, 'flags default to DF');
-  t.equal(checkIcrc(info4, payload4, 'strict').status, 'bad', 'strict assumes ID 0, and rxe used 0x9119');
+  t.same(
+    checkIcrc(info4, payload4, 'strict'),
+    { status: 'bad', value: 0x996d6f3f, expected: icrcOfUdpPayload(info4, payload4) },
+    'strict assumes ID 0, and rxe used 0x9119; the ICRC for ID 0 is reported',
+  );
   t.same(checkIcrc(info4, payload4, 'recover'), { status: 'ok-recovered', value: 0x996d6f3f, expected: 0x996d6f3f, ipId: 0x9119, dontFragment: true });
   t.same(recoverIpv4Id(info4, payload4), { ipId: 0x9119, dontFragment: true });
   t.same(checkIcrc(info4, payload4, 'off'), { status: 'unchecked', value: 0x996d6f3f });
@@ -487,4 +491,40 @@ t.test('send/receive path: consecutive packets that differ in one header input e
     }
   }
   t.equal(checked, 21);
+});
+
+t.test('send/receive path, IPv6: an address rewritten in place is seen, in every byte', async (t) => {
+  // The prefix cache compares address contents, not array identity: a caller may reuse one array.
+  const rnd = xorshift32(0x6a6a);
+  const udp = randomBytes(rnd, 1060);
+  const info: UdpDatagramInfo = { family: 6, srcAddr: randomBytes(rnd, 16), dstAddr: randomBytes(rnd, 16), srcPort: 0xc003, dstPort: 4791 };
+  const ipDatagram = (): Uint8Array => {
+    const ip = new Uint8Array(48 + udp.length);
+    ip[0] = 0x60;
+    ip[4] = (8 + udp.length) >>> 8;
+    ip[5] = (8 + udp.length) & 0xff;
+    ip[6] = 17;
+    ip[7] = 64;
+    ip.set(info.srcAddr, 8);
+    ip.set(info.dstAddr, 24);
+    ip.set([info.srcPort >>> 8, info.srcPort & 0xff, info.dstPort >>> 8, info.dstPort & 0xff, ip[4]!, ip[5]!], 40);
+    ip.set(udp, 48);
+    return ip;
+  };
+  let bad = 0;
+  for (let i = 0; i < 32; i++) {
+    const a = i < 16 ? info.srcAddr : info.dstAddr;
+    icrcOfUdpPayload(info, udp); // the flow as it was, now cached
+    a[i & 15] = a[i & 15]! ^ (1 << (i & 7));
+    const want = icrcOfIpDatagram(ipDatagram());
+    if (icrcOfUdpPayload(info, udp) !== want) bad++;
+    writeIcrc(udp, want);
+    if (checkIcrc(info, udp, 'strict').status !== 'ok') bad++;
+    // And a corrupted payload is bad, reported with the ICRC it should have had.
+    udp[20] = udp[20]! ^ 1;
+    const c = checkIcrc(info, udp, 'recover');
+    if (c.status !== 'bad' || c.expected !== icrcOfUdpPayload(info, udp) || c.value !== want) bad++;
+    udp[20] = udp[20]! ^ 1;
+  }
+  t.equal(bad, 0, 'one bit of each of the 32 address bytes flipped in place');
 });
