@@ -47,9 +47,10 @@ export async function openSide(address: string, mtu: number, cqe: number): Promi
   // (see src/link/udp.ts).
   const mode = process.env['ROCE_BENCH_SEND_MODE'];
   const ports = process.env['ROCE_BENCH_SOURCE_PORTS'];
-  const udp: { sendMode?: 'ring' | 'scatter'; batchIo?: boolean; sourcePorts?: 'bound' | 'per-flow' } = {
+  const udp: { sendMode?: 'ring' | 'scatter'; batchIo?: boolean; sourcePorts?: 'bound' | 'per-flow'; gso?: boolean } = {
     ...(mode === 'ring' || mode === 'scatter' ? { sendMode: mode, batchIo: false } : {}),
     ...(ports === 'bound' || ports === 'per-flow' ? { sourcePorts: ports } : {}),
+    ...(process.env['ROCE_BENCH_GSO'] === '0' ? { gso: false } : {}),
   };
   const ctx = await openDevice({ address, port: 0, mtu, udp });
   const pd = allocPd(ctx);

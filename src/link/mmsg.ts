@@ -58,6 +58,11 @@ const EINTR = 4;
 export const BATCH = 64;
 /** Segments per GSO train: the kernel's UDP_MAX_SEGMENTS on every kernel that has UDP GSO. */
 export const MAX_SEGMENTS = 64;
+/**
+ * Smallest datagram that starts a train. Trains of small ones (READ requests, ACKs) measured
+ * slower than separate messages: RC READ 4 KiB at MTU 4096, 187 k → 214 k READs/s (bench/README.md).
+ */
+export const MIN_TRAIN_DATAGRAM = 1024;
 /** Bytes per train: the UDP payload of one IPv4 datagram, less room for the headers. */
 const MAX_TRAIN_BYTES = 65507 - 128;
 /** Receive slot: above the largest RoCEv2 UDP payload (4096 + BTH + RETH + ImmDt + ICRC = 4132). */
@@ -189,7 +194,7 @@ export class TxQueue {
     this.bytes[i] = len;
     this.segLen[i] = len;
     this.segs[i] = 1;
-    this.open = this.gso;
+    this.open = this.gso && len >= MIN_TRAIN_DATAGRAM;
     this.writeName(i, dst);
     ring.pending(this);
     return { at, index: 0 };

@@ -5,7 +5,7 @@
  */
 
 import t from 'tap';
-import { BATCH, MAX_SEGMENTS, TxQueue, TxRing, type TxDest } from '../../src/link/mmsg.js';
+import { BATCH, MAX_SEGMENTS, MIN_TRAIN_DATAGRAM, TxQueue, TxRing, type TxDest } from '../../src/link/mmsg.js';
 import type { BatchIoFfi } from '../../src/link/sockopt.js';
 
 interface Sent {
@@ -93,33 +93,37 @@ function setup(script: (vlen: number) => { r: number; errno?: number }, gso = tr
 
 t.test('equal sizes to one peer form a train; a shorter one ends it; another peer starts a message', async (t) => {
   const s = setup((vlen) => ({ r: vlen }));
-  t.same([s.add(dstA, 1000), s.add(dstA, 1000), s.add(dstA, 1000)].map((x) => x.index), [0, 1, 2], 'indexes = IP IDs 0, 1, 2');
+  t.same([s.add(dstA, 2000), s.add(dstA, 2000), s.add(dstA, 2000)].map((x) => x.index), [0, 1, 2], 'indexes = IP IDs 0, 1, 2');
   t.equal(s.add(dstA, 300).index, 3, 'a shorter datagram is the last segment');
-  t.equal(s.add(dstA, 300).index, 0, 'after the short one, a new train');
-  t.equal(s.add(dstB, 300).index, 0, 'another destination: a new message');
-  t.equal(s.add(dstB, 400).index, 0, 'longer than the segment size: a new message');
+  t.equal(s.add(dstA, 1500).index, 0, 'after the short one, a new train');
+  t.equal(s.add(dstB, 1500).index, 0, 'another destination: a new message');
+  t.equal(s.add(dstB, 1600).index, 0, 'longer than the segment size: a new message');
   t.equal(s.q.pending, 4);
   s.ring.flushAll();
   t.same(s.calls, [[
-    { at: 0, bytes: 3300, gso: 1000, port: 4791 },
-    { at: 3300, bytes: 300, gso: 0, port: 4791 },
-    { at: 3600, bytes: 300, gso: 0, port: 4791 },
-    { at: 3900, bytes: 400, gso: 0, port: 4791 },
-  ]], 'one sendmmsg: a train with UDP_SEGMENT 1000, three single datagrams');
+    { at: 0, bytes: 6300, gso: 2000, port: 4791 },
+    { at: 6300, bytes: 1500, gso: 0, port: 4791 },
+    { at: 7800, bytes: 1500, gso: 0, port: 4791 },
+    { at: 9300, bytes: 1600, gso: 0, port: 4791 },
+  ]], 'one sendmmsg: a train with UDP_SEGMENT 2000, three single datagrams');
   t.equal(s.q.pending, 0);
   t.equal(s.add(dstA, 50).at, 0, 'an empty ring starts again at 0');
 });
 
-t.test('train limits: 64 segments, 64 KiB; no trains when GSO is off', async (t) => {
+t.test(`train limits: 64 KiB, datagrams of ${MIN_TRAIN_DATAGRAM} bytes or more; no trains when GSO is off`, async (t) => {
   const s = setup((vlen) => ({ r: vlen }));
-  for (let i = 0; i < MAX_SEGMENTS + 1; i++) s.add(dstA, 100);
-  t.equal(s.q.pending, 2, `${MAX_SEGMENTS} segments, then a new message`);
+  for (let i = 0; i < 3; i++) s.add(dstA, MIN_TRAIN_DATAGRAM - 1);
+  t.equal(s.q.pending, 3, 'small datagrams (READ requests, ACKs) leave one per message');
   s.ring.flushAll();
   for (let i = 0; i < 16; i++) s.add(dstA, 4112);
   t.equal(s.q.pending, 2, '15 × 4112 bytes fit in one datagram, the 16th starts another');
   s.ring.flushAll();
+  // The kernel's 64 segments are never reached: 64 of the smallest train datagrams pass 64 KiB.
+  for (let i = 0; i < MAX_SEGMENTS; i++) t.equal(s.add(dstA, MIN_TRAIN_DATAGRAM).index, i < 63 ? i : 0);
+  t.equal(s.q.pending, 2, '63 segments of 1024 bytes, then a new message');
+  s.ring.flushAll();
   const off = setup((vlen) => ({ r: vlen }), false);
-  for (let i = 0; i < 5; i++) t.equal(off.add(dstA, 100).index, 0);
+  for (let i = 0; i < 5; i++) t.equal(off.add(dstA, 2000).index, 0);
   t.equal(off.q.pending, 5);
 });
 
@@ -135,15 +139,15 @@ t.test('partial send, then EAGAIN: the rest is spilled in order, each segment wi
   let call = 0;
   const s = setup(() => (call++ === 0 ? { r: 1 } : { r: -1, errno: 11 }));
   s.add(dstA, 200, 1);
-  s.add(dstB, 100, 2);
-  s.add(dstB, 100, 3);
+  s.add(dstB, 1100, 2);
+  s.add(dstB, 1100, 3);
   s.add(dstB, 60, 4);
   s.add(dstA, 200, 5);
   s.ring.flushAll();
   t.same(s.calls.map((c) => c.length), [1, 0], 'one message taken, then EAGAIN');
   t.same(s.spilled.map((x) => [x.dst.address, x.len, x.k, x.first]), [
-    ['127.0.0.3', 100, 0, 2],
-    ['127.0.0.3', 100, 1, 3],
+    ['127.0.0.3', 1100, 0, 2],
+    ['127.0.0.3', 1100, 1, 3],
     ['127.0.0.3', 60, 2, 4],
     ['127.0.0.2', 200, 0, 5],
   ]);
@@ -157,11 +161,11 @@ t.test('a refused message is counted per datagram and the rest still goes', asyn
     if (call === 1) return { r: -1, errno: 90 }; // EMSGSIZE for the first message
     return { r: 1 };
   });
-  s.add(dstA, 100);
-  s.add(dstA, 100); // a train of two: refused together
+  s.add(dstA, 1100);
+  s.add(dstA, 1100); // a train of two: refused together
   s.add(dstB, 100);
   s.ring.flushAll();
   t.equal(s.refused(), 2);
-  t.same(s.calls.map((c) => c.map((m) => m.at)), [[], [200]], 'the second message is sent on its own call');
+  t.same(s.calls.map((c) => c.map((m) => m.at)), [[], [2200]], 'the second message is sent on its own call');
   t.same(s.spilled, []);
 });
