@@ -271,6 +271,7 @@ const batchedReceiver: Workload = async (args: ReceiverArgs, ctx: ChildContext):
         if (datagram.length !== args.size) wrongSize++;
       },
       () => {},
+      () => {},
     );
     await ctx.ready({ port });
     const waited = await Promise.race([firstSeen.then(() => true), sleep(5000).then(() => false)]);

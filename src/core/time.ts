@@ -18,8 +18,11 @@ export type Micros = number;
  */
 export function ackTimeoutUs(timeout: number): Micros | undefined {
   if (timeout === 0) return undefined;
-  return 4.096 * 2 ** timeout;
+  // Asked for on every request sent; a table lookup, not a power with a variable exponent.
+  return ACK_TIMEOUT_US[timeout & 0x1f] ?? 4.096 * 2 ** timeout;
 }
+
+const ACK_TIMEOUT_US = Array.from({ length: 32 }, (_, t) => 4.096 * 2 ** t);
 
 /** The minimum delay an RNR NAK asks for, by its 5-bit timer code (IBTA table 45). */
 export function rnrTimerUs(code: number): Micros {

@@ -203,16 +203,16 @@ export class TxQueue {
   private writeName(i: number, dst: TxDest): void {
     const o = this.nameOff(i);
     const dv = this.dv;
-    const u8 = new Uint8Array(this.mem.view, o, SOCKADDR);
+    const u8 = this.vec;
     const v4 = dst.addr.length === 4;
     dv.setUint16(o, v4 ? AF_INET : AF_INET6, isLittleEndian);
     dv.setUint16(o + 2, dst.port, false);
     if (v4) {
-      u8.set(dst.addr, 4);
-      u8.fill(0, 8, 16);
+      u8.set(dst.addr, o + 4);
+      u8.fill(0, o + 8, o + 16);
     } else {
       dv.setUint32(o + 4, 0); // flowinfo
-      u8.set(dst.addr, 8);
+      u8.set(dst.addr, o + 8);
       dv.setUint32(o + 24, 0); // scope id: link-local peers with a zone take the dgram path
     }
     dv.setUint32(i * MMSG + OFF_NAMELEN, v4 ? 16 : 28, isLittleEndian);
@@ -320,9 +320,11 @@ export class TxRing {
     this.queues.add(q);
     if (!this.flushQueued) {
       this.flushQueued = true;
-      queueMicrotask(() => this.flushAll());
+      queueMicrotask(this.flushTask);
     }
   }
+
+  private readonly flushTask = (): void => this.flushAll();
 
   flushAll(): void {
     this.flushQueued = false;
@@ -361,6 +363,8 @@ export class RxRing {
     private readonly fd: number,
     private readonly family: 4 | 6,
     private readonly deliver: RxDeliver,
+    /** Called before a batch is delivered, and after all of a readiness callback's batches. */
+    private readonly before: () => void,
     private readonly after: () => void,
   ) {
     const dataOff = BATCH * (MMSG + IOV + SOCKADDR);
@@ -410,6 +414,7 @@ export class RxRing {
       }
       const r = this.ffi.recvmmsg(this.fd, this.vec, BATCH, MSG_DONTWAIT, null);
       if (r <= 0) break; // EAGAIN: drained (any other error: nothing to read either)
+      this.before();
       const nameOff = BATCH * (MMSG + IOV);
       for (let i = 0; i < r && !this.closed; i++) {
         const m = i * MMSG;

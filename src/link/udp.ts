@@ -267,6 +267,8 @@ export class UdpLink implements WireLink {
   private readonly peers4 = new Map<number, PeerAddress>();
   private readonly peers6 = new Map<string, PeerAddress>();
   private lastPeer6: PeerAddress | undefined;
+  /** While a recvmmsg batch is delivered: when it was read. */
+  private rxAt: number | undefined;
   private readonly lastPeer6Addr = new Uint8Array(16);
   private handler: LinkRxHandler | undefined;
   private rxHook: RxHook | undefined;
@@ -597,7 +599,12 @@ export class UdpLink implements WireLink {
         }
         this.onDatagram(datagram, this.peerFor(addr, srcPort), port);
       },
-      () => this.txRing?.flushAll(),
+      // One receive time per batch: the datagrams of one recvmmsg were read at one moment.
+      () => (this.rxAt = this.clock.now()),
+      () => {
+        this.rxAt = undefined;
+        this.txRing?.flushAll();
+      },
     );
   }
 
@@ -845,7 +852,7 @@ export class UdpLink implements WireLink {
       return;
     }
     this.counters.received++;
-    const meta: RxMeta = { src, icrc: c.status, ce, at: this.clock.now() };
+    const meta: RxMeta = { src, icrc: c.status, ce, at: this.rxAt ?? this.clock.now() };
     if (c.ipId !== undefined) meta.ipId = c.ipId;
     this.handler?.(datagram, meta);
   }
