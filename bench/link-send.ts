@@ -9,7 +9,9 @@
  * the kernel's drop once its buffer is full costs about what a delivery does), so the figure is the
  * sender's side only: JS, ICRC, dgram and the `sendmsg` syscall with its loopback delivery.
  *
- * - `ring`, `scatter`: the two `sendMode`s of `UdpLink.send`.
+ * - `batched`, `batched GSO`: the default path, `sendmmsg` at the end of each turn (`mmsg.ts`),
+ *   without and with UDP GSO trains (consecutive equal-size datagrams to one peer as one buffer).
+ * - `ring`, `scatter`: the two `sendMode`s of `UdpLink.send` on the `dgram` path (`batchIo: false`).
  * - `fresh`: `frame` + `sendRaw`, one fresh buffer per datagram with the ICRC at its tail — the
  *   copy the previous `send` made for every datagram (it also resolved the address on a
  *   `process.nextTick`, which this path no longer does, so `fresh` reads a little better than the
@@ -24,7 +26,7 @@ import { parseArgs } from 'node:util';
 import { UdpLink } from '../src/link/udp.js';
 import { machineLine } from './procs.js';
 
-type Mode = 'ring' | 'scatter' | 'fresh';
+type Mode = 'ring' | 'scatter' | 'fresh' | 'batched' | 'batched GSO';
 
 async function sink(): Promise<{ port: number; close: () => void }> {
   const py = "import socket,time\ns=socket.socket(2,2)\ns.bind(('127.0.0.1',0))\nprint(s.getsockname()[1],flush=True)\ntime.sleep(3600)";
@@ -50,9 +52,11 @@ async function main(): Promise<void> {
   const dst = { address: '127.0.0.1', port: s.port };
   const warn = (): void => undefined;
   const links: Record<Mode, UdpLink> = {
-    ring: await UdpLink.open({ address: '127.0.0.1', port: 0, warn, sendMode: 'ring' }),
-    scatter: await UdpLink.open({ address: '127.0.0.1', port: 0, warn, sendMode: 'scatter' }),
-    fresh: await UdpLink.open({ address: '127.0.0.1', port: 0, warn }),
+    ring: await UdpLink.open({ address: '127.0.0.1', port: 0, warn, sendMode: 'ring', batchIo: false }),
+    scatter: await UdpLink.open({ address: '127.0.0.1', port: 0, warn, sendMode: 'scatter', batchIo: false }),
+    fresh: await UdpLink.open({ address: '127.0.0.1', port: 0, warn, batchIo: false }),
+    batched: await UdpLink.open({ address: '127.0.0.1', port: 0, warn, gso: false }),
+    'batched GSO': await UdpLink.open({ address: '127.0.0.1', port: 0, warn, gso: true }),
   };
   const mem = new Uint8Array(1 << 20);
   const hdr = new Uint8Array(28);
@@ -62,7 +66,7 @@ async function main(): Promise<void> {
   for (const size of sizes) {
     const res: Record<string, number[]> = {};
     for (let r = 0; r < rounds; r++) {
-      for (const mode of ['fresh', 'ring', 'scatter'] as const) {
+      for (const mode of ['fresh', 'ring', 'scatter', 'batched', 'batched GSO'] as const) {
         const link = links[mode];
         let off = 0;
         const one = (): void => {
