@@ -111,6 +111,22 @@ export interface ReceiverResult {
   wrongSize: number;
 }
 
+/**
+ * What a receiver counted (`read`: datagrams and bytes so far) over `windowMs`, starting `warmupMs`
+ * after the first datagram; fails when none comes within 5 s.
+ */
+async function countWindow(firstSeen: Promise<void>, args: { warmupMs: number; windowMs: number }, read: () => [number, number]): Promise<{ datagrams: number; bytes: number; seconds: number }> {
+  const waited = await Promise.race([firstSeen.then(() => true), sleep(5000).then(() => false)]);
+  if (!waited) throw new Error('no datagram from the sender within 5 s');
+  await sleep(args.warmupMs);
+  const [c0, b0] = read();
+  const t0 = performance.now();
+  await sleep(args.windowMs);
+  const t1 = performance.now();
+  const [c1, b1] = read();
+  return { datagrams: c1 - c0, bytes: b1 - b0, seconds: (t1 - t0) / 1000 };
+}
+
 /** Counts delivered datagrams over `windowMs`, starting `warmupMs` after the first one. */
 const blastReceiver: Workload = async (args: ReceiverArgs, ctx: ChildContext): Promise<ReceiverResult> => {
   const s = udp4({ rcvbuf: RCVBUF });
@@ -136,15 +152,7 @@ const blastReceiver: Workload = async (args: ReceiverArgs, ctx: ChildContext): P
         s.send(ack, txPort, HOST);
       }
     });
-    const waited = await Promise.race([firstSeen.then(() => true), sleep(5000).then(() => false)]);
-    if (!waited) throw new Error('no datagram from the sender within 5 s');
-    await sleep(args.warmupMs);
-    const c0 = count;
-    const b0 = bytes;
-    const t0 = performance.now();
-    await sleep(args.windowMs);
-    const t1 = performance.now();
-    return { datagrams: count - c0, bytes: bytes - b0, seconds: (t1 - t0) / 1000, wrongSize };
+    return { ...(await countWindow(firstSeen, args, () => [count, bytes])), wrongSize };
   } finally {
     await closeSocket(s);
   }
@@ -274,15 +282,7 @@ const batchedReceiver: Workload = async (args: ReceiverArgs, ctx: ChildContext):
       () => {},
     );
     await ctx.ready({ port });
-    const waited = await Promise.race([firstSeen.then(() => true), sleep(5000).then(() => false)]);
-    if (!waited) throw new Error('no datagram from the sender within 5 s');
-    await sleep(args.warmupMs);
-    const c0 = count;
-    const b0 = bytes;
-    const t0 = performance.now();
-    await sleep(args.windowMs);
-    const t1 = performance.now();
-    return { datagrams: count - c0, bytes: bytes - b0, seconds: (t1 - t0) / 1000, wrongSize, truncated };
+    return { ...(await countWindow(firstSeen, args, () => [count, bytes])), wrongSize, truncated };
   } finally {
     rx?.close();
     await closeSocket(s);
@@ -331,12 +331,12 @@ const batchedSender: Workload = async (args: BatchedSenderArgs, ctx: ChildContex
     let noRoom = 0;
     while (!ctx.isStopped()) {
       for (let i = 0; i < args.burst; i++) {
-        const r = q.add(dest, args.size);
-        if (r === undefined) {
+        const at = q.add(dest, args.size);
+        if (at < 0) {
           noRoom++;
           continue;
         }
-        bytes.set(payload, r.at);
+        bytes.set(payload, at);
         added++;
       }
       ring.flushAll();

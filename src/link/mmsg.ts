@@ -121,6 +121,8 @@ export class TxQueue {
   private n = 0;
   /** The last message can take another segment (same destination, contiguous, full-size so far). */
   private open = false;
+  /** The train index of the datagram `add` placed last: the IPv4 ID it will leave with. */
+  index = 0;
 
   constructor(
     private readonly ffi: BatchIoFfi,
@@ -162,23 +164,23 @@ export class TxQueue {
   }
 
   /**
-   * Reserves `len` bytes for one datagram to `dst` and returns its offset in the ring and its index
-   * in its train (the IP ID it will leave with), or -1 when neither the queue nor the ring has room
-   * even after a flush (counted by the caller). The caller writes the datagram there at once.
+   * Reserves `len` bytes for one datagram to `dst` and returns its offset in the ring (its train
+   * index, the IP ID it will leave with, is then in `index`), or -1 when the ring has no room even
+   * after a flush. The caller writes the datagram there at once.
    */
-  add(dst: TxDest, len: number): { at: number; index: number } | undefined {
+  add(dst: TxDest, len: number): number {
     const ring = this.ring;
     if (this.open && this.n > 0) {
       const i = this.n - 1;
       const seg = this.segLen[i]!;
       if (this.dsts[i] === dst && len <= seg && this.segs[i]! < MAX_SEGMENTS && this.bytes[i]! + len <= MAX_TRAIN_BYTES && ring.canExtend(this.at[i]! + this.bytes[i]!, len)) {
         const at = ring.take(len);
-        const index = this.segs[i]!;
+        this.index = this.segs[i]!;
         this.bytes[i] = this.bytes[i]! + len;
-        this.segs[i] = index + 1;
+        this.segs[i] = this.index + 1;
         // Only the last segment may be shorter: a short one closes the train.
         if (len < seg) this.open = false;
-        return { at, index };
+        return at;
       }
     }
     if (this.n === BATCH) this.flush();
@@ -186,7 +188,7 @@ export class TxQueue {
     if (at < 0) {
       ring.flushAll();
       at = ring.tryTake(len);
-      if (at < 0) return undefined;
+      if (at < 0) return -1;
     }
     const i = this.n++;
     this.dsts[i] = dst;
@@ -197,7 +199,8 @@ export class TxQueue {
     this.open = this.gso && len >= MIN_TRAIN_DATAGRAM;
     this.writeName(i, dst);
     ring.pending(this);
-    return { at, index: 0 };
+    this.index = 0;
+    return at;
   }
 
   private writeName(i: number, dst: TxDest): void {

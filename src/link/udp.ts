@@ -267,9 +267,9 @@ export class UdpLink implements WireLink {
   private readonly peers4 = new Map<number, PeerAddress>();
   private readonly peers6 = new Map<string, PeerAddress>();
   private lastPeer6: PeerAddress | undefined;
+  private readonly lastPeer6Addr = new Uint8Array(16);
   /** While a recvmmsg batch is delivered: when it was read. */
   private rxAt: number | undefined;
-  private readonly lastPeer6Addr = new Uint8Array(16);
   private handler: LinkRxHandler | undefined;
   private rxHook: RxHook | undefined;
   private probeNonce: Uint8Array | undefined;
@@ -445,14 +445,14 @@ export class UdpLink implements WireLink {
     const q = this.txRing !== undefined ? this.txQueueFor(socket) : undefined;
     if (q !== undefined) {
       const d = this.txDest(dst, dstAddr);
-      const slot = d !== undefined ? q.add(d, len) : undefined;
-      if (slot === undefined) {
+      const at = d !== undefined ? q.add(d, len) : -1;
+      if (at < 0) {
         // A zoned IPv6 peer (dgram resolves the zone) or a ring that would not drain.
         this.transmit(socket, dst, this.gather(dstAddr, dst.port, port, parts, len));
         return;
       }
       const ring = this.txRing!.bytes;
-      let o = slot.at;
+      let o = at;
       for (let i = 0; i < parts.length; i++) {
         const p = parts[i]!;
         ring.set(p, o);
@@ -461,7 +461,7 @@ export class UdpLink implements WireLink {
       if (gen) {
         // Segment k of a GSO train leaves with IPv4 ID k (mmsg.ts); alone, k is 0.
         const info = this.icrcInfo(dstAddr, dst.port, port);
-        info.ipId = slot.index;
+        info.ipId = q.index;
         const c = icrcOfParts(info, parts, len);
         info.ipId = 0;
         ring[o] = c;
@@ -566,11 +566,6 @@ export class UdpLink implements WireLink {
     }
     this.counters.spilled++;
     this.transmit(socket, dst, datagram, false);
-  }
-
-  /** Hands every queued datagram to the kernel now (normally at the end of the task, `mmsg.ts`). */
-  flush(): void {
-    this.txRing?.flushAll();
   }
 
   /**

@@ -84,9 +84,9 @@ function setup(script: (vlen: number) => { r: number; errno?: number }, gso = tr
   const spilled: { dst: TxDest; len: number; k: number; first: number }[] = [];
   const q = new TxQueue(f.ffi, 9, ring, gso, (dst, d, k) => spilled.push({ dst, len: d.length, k, first: d[0]! }));
   const add = (dst: TxDest, len: number, mark = 0): { at: number; index: number } => {
-    const s = q.add(dst, len)!;
-    ring.bytes.fill(mark, s.at, s.at + len);
-    return s;
+    const at = q.add(dst, len);
+    ring.bytes.fill(mark, at, at + len);
+    return { at, index: q.index };
   };
   return { ...f, ring, q, add, spilled, refused: () => refused };
 }
