@@ -50,6 +50,10 @@
  *   which is one more reason `ring` is the default).
  *   No send callback by default (~10 %): errors the kernel reports asynchronously are only counted
  *   with `reportSendErrors`.
+ * - The batched path. All of the above describes `dgram`'s path, which stays for `batchIo: false`
+ *   and where the FFI does not load. By default the datagrams go through `sendmmsg`/`recvmmsg` on
+ *   the same sockets (`mmsg.ts`: why, and the rules it keeps — order, IP IDs of GSO trains, when a
+ *   queue is flushed, how long a received datagram's memory is valid).
  */
 
 import dgram, { type RemoteInfo, type Socket } from 'node:dgram';
