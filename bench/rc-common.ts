@@ -43,14 +43,16 @@ export interface Side {
 /** Opens a device on `address`, port 0, with one PD and one CQ. */
 export async function openSide(address: string, mtu: number, cqe: number): Promise<Side> {
   // ROCE_BENCH_SEND_MODE=ring|scatter compares UdpLink's dgram send paths with the batched one
-  // (the default), ROCE_BENCH_SOURCE_PORTS=bound the device's per-flow source ports with one port
-  // (see src/link/udp.ts).
+  // (the default), ROCE_BENCH_SOURCE_PORTS=per-flow the device's loopback default of one source
+  // port with rxe's per-QP ports, ROCE_BENCH_GSO=0 / ROCE_BENCH_GRO=0 the batched path without
+  // trains / without UDP_GRO at the receiver (see src/link/udp.ts).
   const mode = process.env['ROCE_BENCH_SEND_MODE'];
   const ports = process.env['ROCE_BENCH_SOURCE_PORTS'];
-  const udp: { sendMode?: 'ring' | 'scatter'; batchIo?: boolean; sourcePorts?: 'bound' | 'per-flow'; gso?: boolean } = {
+  const udp: { sendMode?: 'ring' | 'scatter'; batchIo?: boolean; sourcePorts?: 'bound' | 'per-flow'; gso?: boolean; gro?: boolean } = {
     ...(mode === 'ring' || mode === 'scatter' ? { sendMode: mode, batchIo: false } : {}),
     ...(ports === 'bound' || ports === 'per-flow' ? { sourcePorts: ports } : {}),
     ...(process.env['ROCE_BENCH_GSO'] === '0' ? { gso: false } : {}),
+    ...(process.env['ROCE_BENCH_GRO'] === '0' ? { gro: false } : {}),
   };
   const ctx = await openDevice({ address, port: 0, mtu, udp });
   const pd = allocPd(ctx);

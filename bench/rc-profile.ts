@@ -10,6 +10,7 @@
  *    and GCs are divided by the packets that side sent + received.
  *
  *   node dist/bench/rc-profile.js [--op WRITE|READ|SEND] [--mtu 4096] [--size 1048576] [--ms 3000] [--out DIR] [--top 25]
+ *   node dist/bench/rc-profile.js --qps 100 [--ms 3000]     # the QP scale case instead: WRITE 4 KiB round-robin over N QPs
  *
  * The raw `.cpuprofile` files stay in DIR (default a fresh folder under the OS temp dir) for Chrome
  * DevTools or speedscope.
@@ -23,6 +24,7 @@ import { PerformanceObserver, constants as perfConstants } from 'node:perf_hooks
 import { pathToFileURL } from 'node:url';
 import { parseArgs } from 'node:util';
 import { machineLine, ProcGroup, type ChildContext, type Workload } from './procs.js';
+import { workloads as scaleWorkloads } from './qpscale.bench.js';
 import { workloads as rcWorkloads, type InitiatorResult, type RcOp } from './rc.bench.js';
 
 // ---------------------------------------------------------------------------------------------------
@@ -101,6 +103,8 @@ function sampled(inner: Workload): Workload {
 export const workloads: Record<string, Workload> = {
   profInitiator: sampled(rcWorkloads['rcInitiator']!),
   profTarget: sampled(rcWorkloads['rcTarget']!),
+  profScaleTx: sampled(scaleWorkloads['scaleTx']!),
+  profScaleRx: sampled(scaleWorkloads['scaleRx']!),
 };
 
 // ---------------------------------------------------------------------------------------------------
@@ -137,6 +141,7 @@ async function main(): Promise<void> {
     options: {
       op: { type: 'string', default: 'WRITE' }, mtu: { type: 'string', default: '4096' }, size: { type: 'string', default: String(1 << 20) },
       ms: { type: 'string', default: '3000' }, out: { type: 'string' }, top: { type: 'string', default: '25' },
+      qps: { type: 'string' },
     },
   });
   const op = values.op as RcOp;
@@ -148,16 +153,26 @@ async function main(): Promise<void> {
   mkdirSync(out, { recursive: true });
   const depth = size >= 1 << 20 ? 32 : 128;
   const module = new URL(import.meta.url);
-  const tasks = (sampleAlloc: boolean): Parameters<ProcGroup['round']>[0] => ({
-    tx: { workload: 'profInitiator', args: { op, mtu, size, depth, warmupMs: 300, windowMs, sampleAlloc } },
-    rx: { workload: 'profTarget', primary: false, args: { op, mtu, size, recvDepth: op === 'SEND' ? 2 * depth : 0, sampleAlloc } },
-  });
+  const qps = values.qps === undefined ? undefined : Number(values.qps);
+  const tasks = (sampleAlloc: boolean): Parameters<ProcGroup['round']>[0] => qps !== undefined
+    ? {
+      tx: { workload: 'profScaleTx', args: { n: qps, warmupMs: 300, windowMs, sampleAlloc } },
+      rx: { workload: 'profScaleRx', primary: false, args: { n: qps, warmupMs: 300, windowMs, sampleAlloc } },
+    }
+    : {
+      tx: { workload: 'profInitiator', args: { op, mtu, size, depth, warmupMs: 300, windowMs, sampleAlloc } },
+      rx: { workload: 'profTarget', primary: false, args: { op, mtu, size, recvDepth: op === 'SEND' ? 2 * depth : 0, sampleAlloc } },
+    };
+  // The QP scale children read their heap after a forced collection.
+  const gcArgv = qps !== undefined ? ['--expose-gc'] : [];
   console.log(machineLine());
-  console.log(`${op} ${size} B, path MTU ${mtu}, depth ${depth}, ${windowMs} ms; profiles in ${out}\n`);
+  console.log(qps !== undefined
+    ? `QP scale: WRITE 4096 B round-robin over ${qps} QPs, 128 outstanding, path MTU 4096, ${windowMs} ms; profiles in ${out}\n`
+    : `${op} ${size} B, path MTU ${mtu}, depth ${depth}, ${windowMs} ms; profiles in ${out}\n`);
 
   // 1. CPU profile.
   const cpuGroup = await ProcGroup.spawn(['tx', 'rx'].map((name, cpu) => ({
-    name, module, cpu, execArgv: ['--cpu-prof', `--cpu-prof-dir=${out}`, `--cpu-prof-name=${name}.cpuprofile`, '--cpu-prof-interval=200'],
+    name, module, cpu, execArgv: [...gcArgv, '--cpu-prof', `--cpu-prof-dir=${out}`, `--cpu-prof-name=${name}.cpuprofile`, '--cpu-prof-interval=200'],
   })));
   console.log(cpuGroup.pinning);
   try {
@@ -180,7 +195,7 @@ async function main(): Promise<void> {
   }
 
   // 2. Allocation and GC, in a separate pair (the sampler slows the run down).
-  const allocGroup = await ProcGroup.spawn([{ name: 'tx', module, cpu: 0 }, { name: 'rx', module, cpu: 1 }]);
+  const allocGroup = await ProcGroup.spawn([{ name: 'tx', module, cpu: 0, execArgv: gcArgv }, { name: 'rx', module, cpu: 1, execArgv: gcArgv }]);
   try {
     const r = await allocGroup.round(tasks(true), { timeoutMs: 20_000 + 2 * windowMs });
     const summary: Record<string, unknown> = {};

@@ -49,7 +49,10 @@ export interface OpenDeviceOptions {
   /**
    * Extra options for the default UdpLink (buffer sizes, ICRC mode, …). Unlike a bare UdpLink,
    * the device defaults to `sourcePorts: 'per-flow'`: datagrams leave from rxe's per-QP source
-   * port (0xC000 | a hash of the QPNs), the ECMP entropy RoCEv2 NICs put on the wire.
+   * port (0xC000 | a hash of the QPNs), the ECMP entropy RoCEv2 NICs put on the wire. On a
+   * loopback address, which has one path and nothing to spread over, the default is `bound`: one
+   * socket, so that the datagrams of all QPs share `sendmmsg` calls and GSO trains (with 100 QPs,
+   * per-flow ports cost over a third of the aggregate goodput; bench/README.md, QP scale).
    */
   udp?: Partial<Omit<UdpLinkOptions, 'address' | 'port' | 'clock'>>;
   /** Congestion control for the device's RC/UC QPs and its CNPs (core/cc-hooks.ts). Default 'none'. */
@@ -196,8 +199,9 @@ export async function openDevice(opts: OpenDeviceOptions): Promise<Context> {
   let link = opts.link;
   if (!link) {
     // Loaded on demand so that code driving the core over other links never loads sockets/FFI.
-    const { UdpLink } = await import('../link/udp.js');
-    link = await UdpLink.open({ sourcePorts: 'per-flow', ...(opts.udp ?? {}), address: opts.address, port: opts.port ?? ROCEV2_UDP_PORT, clock });
+    const { UdpLink, isLoopbackAddress } = await import('../link/udp.js');
+    const sourcePorts = isLoopbackAddress(opts.address) ? 'bound' : 'per-flow';
+    link = await UdpLink.open({ sourcePorts, ...(opts.udp ?? {}), address: opts.address, port: opts.port ?? ROCEV2_UDP_PORT, clock });
   }
   const dopts: DeviceOptions = { link, clock };
   if (opts.mtu !== undefined) dopts.mtu = opts.mtu;

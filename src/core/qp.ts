@@ -93,6 +93,11 @@ export class QueuePair implements EngineContext {
   stateReason = 'created';
   /** Congestion control (cc-hooks.ts): paces the requester; undefined = none, as rxe. */
   cc: QpCongestion | undefined;
+  /**
+   * The runtime's bookkeeping, not protocol state: the deadline (µs) the device holds a timer entry
+   * for, or -1 (src/runtime/device.ts, `kick`). A field rather than a device map: it is read on every kick.
+   */
+  timerAt = -1;
 
   constructor(init: QpInit) {
     this.qpn = init.qpn;

@@ -176,6 +176,10 @@ export class FaultyLink implements WireLink {
     this.inner.onReceive(handler);
   }
 
+  onReceiveBatchEnd(fn: () => void): void {
+    this.inner.onReceiveBatchEnd?.(fn);
+  }
+
   setRxHook(hook: RxHook | undefined): void {
     if (this.rx) this.outerHook = hook;
     else this.inner.setRxHook(hook);

@@ -64,6 +64,14 @@ export interface Link {
    * ICRC; it is valid only until the handler returns (the link may reuse the memory).
    */
   onReceive(handler: LinkRxHandler): void;
+  /**
+   * Optional: registers a callback run after each batch of received datagrams has been handed to
+   * the receive handler (one `recvmmsg`), before the link reads on and before what was sent in
+   * answer is flushed. The device answers a batch there (coalesced ACKs, freed send windows)
+   * instead of on the next event-loop turn, so that the peer is not kept waiting for the rest of the
+   * link's receive budget. A link that delivers one datagram at a time need not call it.
+   */
+  onReceiveBatchEnd?(fn: () => void): void;
   /** Drops by reason since the link was opened. */
   readonly drops: Readonly<Record<LinkDropReason, number>>;
   close(): Promise<void>;

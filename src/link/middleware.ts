@@ -39,6 +39,10 @@ export abstract class TapLink implements WireLink {
     this.handler = handler;
   }
 
+  onReceiveBatchEnd(fn: () => void): void {
+    this.inner.onReceiveBatchEnd?.(fn);
+  }
+
   setRxHook(hook: RxHook | undefined): void {
     this.inner.setRxHook(hook);
   }

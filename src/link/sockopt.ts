@@ -28,6 +28,8 @@ export const IP_PMTUDISC_DO = 2;
 export const SOL_UDP = 17;
 export const UDP_NO_CHECK6_TX = 101;
 export const UDP_NO_CHECK6_RX = 102;
+/** Linux UDP_GRO (SOL_UDP): deliver coalesced trains whole, with their segment size in a control message. */
+export const UDP_GRO = 104;
 export const SOL_SOCKET = 1;
 export const SO_SNDBUF = 7;
 export const SO_RCVBUF = 8;

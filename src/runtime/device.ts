@@ -60,11 +60,6 @@ export interface CreateQpOptions {
   qpn?: Qpn;
 }
 
-interface Sched {
-  handle: TimerHandle | undefined;
-  at: number;
-}
-
 /** Headers a path-MTU packet needs besides its payload: BTH + RETH/AETH/… + ImmDt + ICRC (rounded up). */
 const MAX_HEADER_OVERHEAD = 80;
 
@@ -79,7 +74,18 @@ export class Device {
   onEvent: (ev: AsyncEvent) => void = () => {};
   private readonly opts: DeviceOptions;
   private readonly qps = new Map<Qpn, QueuePair>();
-  private readonly sched = new Map<QueuePair, Sched>();
+  // QP deadlines (ACK, RNR and pacing timers): one binary heap of (at, seq, qp) in parallel arrays,
+  // and one clock timer for its earliest entry. A timer per QP cost a Timeout, a closure and a map
+  // entry each time a QP armed one, which with thousands of QPs is once per message.
+  // An entry is live while `qp.timerAt` equals its `at`; anything else is stale and skipped when it
+  // comes up. `seq` keeps entries with one deadline in the order they were made, as separate timers
+  // fired.
+  private readonly heapAt: number[] = [];
+  private readonly heapSeq: number[] = [];
+  private readonly heapQp: QueuePair[] = [];
+  private heapSeqNext = 0;
+  private armed: TimerHandle | undefined;
+  private armedAt = Infinity;
   private readonly ready = new Set<QueuePair>();
   private runPending = false;
   private nextQpn = FIRST_QPN;
@@ -108,6 +114,8 @@ export class Device {
       stateChanged: (qpn, from, to, reason) => this.opts.onStateChange?.(qpn, from, to, reason),
     };
     this.link.onReceive((payload, meta) => this.receive(payload, meta));
+    // A receive batch is answered at its end (Link.onReceiveBatchEnd), where the link offers it.
+    this.link.onReceiveBatchEnd?.(() => this.runReady());
     this.np = DeviceNotificationPoint.create(opts.cc, this.link, this.counters);
     this.gsi = new Gsi(this);
   }
@@ -175,35 +183,102 @@ export class Device {
   kick(qp: QueuePair): void {
     if (this.closed || !this.qps.has(qp.qpn)) return;
     const t = qp.pollAt();
-    // A timer already armed for this deadline or an earlier one is kept: most kicks move the ACK
-    // deadline a little later (every ACK restarts it) or clear it, and clearing and re-arming a
-    // timer per ACK cost more than the odd early wake-up, which polls, finds nothing due and
-    // re-arms for the real deadline (runQp → kick).
-    if (t === undefined) return;
+    if (t === undefined) {
+      // Nothing to wait for: the QP's entry, if any, goes stale (free, unlike a clearTimeout), so a
+      // QP whose last message was acknowledged is not woken for its old ACK deadline.
+      qp.timerAt = -1;
+      return;
+    }
     const now = this.clock.now();
     if (t <= now) {
-      // An armed timer stays: a QP with traffic becomes ready once per message, and clearing its
-      // ACK timer each time cost a clearTimeout + setTimeout per message; firing early is a no-op poll.
+      // The entry stays: a QP with traffic becomes ready once per message and will want its ACK
+      // deadline again; an early wake-up is a no-op poll that re-arms for the real deadline.
       this.ready.add(qp);
       this.deferRun();
       return;
     }
-    const s = this.sched.get(qp);
-    if (s && s.at <= t) return;
-    this.cancel(qp);
-    const handle = this.clock.at(t, () => {
-      this.sched.delete(qp);
-      this.runQp(qp);
-    });
-    this.sched.set(qp, { handle, at: t });
+    // An entry for this deadline or an earlier one is kept: most kicks move the ACK deadline a
+    // little later (every ACK restarts it), and a heap entry per ACK would cost more than the odd
+    // early wake-up, which polls, finds nothing due and re-arms (runQp → kick).
+    if (qp.timerAt >= 0 && qp.timerAt <= t) return;
+    qp.timerAt = t;
+    this.heapPush(t, qp);
+    if (t < this.armedAt) this.arm(t);
   }
 
   private cancel(qp: QueuePair): void {
-    const s = this.sched.get(qp);
-    if (s) {
-      s.handle?.cancel();
-      this.sched.delete(qp);
+    qp.timerAt = -1; // its heap entry, if any, is now stale
+  }
+
+  private arm(t: number): void {
+    this.armed?.cancel();
+    this.armedAt = t;
+    this.armed = this.clock.at(t, this.onTimer);
+  }
+
+  /** The device timer: runs every QP whose deadline has come, then re-arms for the next one. */
+  private readonly onTimer = (): void => {
+    this.armed = undefined;
+    this.armedAt = Infinity;
+    if (this.closed) return;
+    const now = this.clock.now();
+    while (this.heapAt.length > 0 && this.heapAt[0]! <= now) {
+      const at = this.heapAt[0]!;
+      const qp = this.heapPop();
+      if (qp.timerAt !== at) continue;
+      qp.timerAt = -1;
+      this.runQp(qp);
     }
+    if (this.heapAt.length > 0 && this.heapAt[0]! < this.armedAt) this.arm(this.heapAt[0]!);
+  };
+
+  private heapPush(at: number, qp: QueuePair): void {
+    const A = this.heapAt;
+    const S = this.heapSeq;
+    const Q = this.heapQp;
+    const seq = this.heapSeqNext++;
+    let i = A.length;
+    A.push(at);
+    S.push(seq);
+    Q.push(qp);
+    while (i > 0) {
+      const p = (i - 1) >> 1;
+      if (A[p]! < at || (A[p] === at && S[p]! < seq)) break;
+      A[i] = A[p]!;
+      S[i] = S[p]!;
+      Q[i] = Q[p]!;
+      i = p;
+    }
+    A[i] = at;
+    S[i] = seq;
+    Q[i] = qp;
+  }
+
+  private heapPop(): QueuePair {
+    const A = this.heapAt;
+    const S = this.heapSeq;
+    const Q = this.heapQp;
+    const top = Q[0]!;
+    const at = A.pop()!;
+    const seq = S.pop()!;
+    const qp = Q.pop()!;
+    const n = A.length;
+    if (n === 0) return top;
+    let i = 0;
+    for (;;) {
+      let c = 2 * i + 1;
+      if (c >= n) break;
+      if (c + 1 < n && (A[c + 1]! < A[c]! || (A[c + 1] === A[c] && S[c + 1]! < S[c]!))) c++;
+      if (at < A[c]! || (at === A[c] && seq < S[c]!)) break;
+      A[i] = A[c]!;
+      S[i] = S[c]!;
+      Q[i] = Q[c]!;
+      i = c;
+    }
+    A[i] = at;
+    S[i] = seq;
+    Q[i] = qp;
+    return top;
   }
 
   private deferRun(): void {
@@ -211,14 +286,20 @@ export class Device {
     this.runPending = true;
     const run = (): void => {
       this.runPending = false;
-      const batch = [...this.ready];
-      this.ready.clear();
-      for (const qp of batch) this.runQp(qp);
+      this.runReady();
     };
     // A virtual clock runs it at the current instant, deterministically; a real one on the
     // next event-loop turn, so that received datagrams get their turn between bursts.
     if (this.virtual) this.clock.at(this.clock.now(), run);
     else setImmediate(run);
+  }
+
+  /** Runs every QP that is ready, once. */
+  private runReady(): void {
+    if (this.ready.size === 0) return;
+    const batch = [...this.ready];
+    this.ready.clear();
+    for (const qp of batch) this.runQp(qp);
   }
 
   private runQp(qp: QueuePair): void {
@@ -321,7 +402,12 @@ export class Device {
     for (const qp of this.ready) qp.responder.flushAck(qp);
     this.closed = true;
     this.gsi.close();
-    for (const qp of [...this.sched.keys()]) this.cancel(qp);
+    this.armed?.cancel();
+    this.armed = undefined;
+    for (const qp of this.heapQp) qp.timerAt = -1;
+    this.heapAt.length = 0;
+    this.heapSeq.length = 0;
+    this.heapQp.length = 0;
     this.ready.clear();
     await this.link.close();
   }

@@ -27,7 +27,7 @@
  * a copy, and the ICRC field the call also covers is taken back off (`crc32DropTail4`), because a
  * `subarray` view that stops short of it costs ~30 ns, a third of a native call's fixed cost.
  */
-import { CRC32_RESIDUE, crc32, crc32DropTail4, crc32XorByte4 } from './crc32.js';
+import { CRC32_RESIDUE, crc32, crc32DropTail4, crc32Table, crc32XorByte4 } from './crc32.js';
 
 /** Bytes of ICRC at the end of every RoCEv2 packet. */
 export const ICRC_LEN = 4;
@@ -89,39 +89,72 @@ const PREFIX_V6 = PSEUDO.subarray(0, IPV6_HDR_LEN + UDP_HDR_LEN);
 /**
  * The CRC of the masked IP + UDP part of the pseudo header (28 or 48 bytes, chained onto the 8 × 0xff
  * prefix) depends only on the family, addresses, ports, length, IPv4 ID and flags: the same for every
- * packet of a flow at one size, i.e. nearly every packet of a stream. The last one is kept with its
- * inputs; a hit skips rebuilding that part and its CRC (~40–60 ns, a fifth of an ICRC at 4 KiB), and
- * the UDP payload is CRC'd onto it (CRC chaining: crc(A‖B) = crc(B, seed crc(A))). Only that CRC is
- * kept, not PSEUDO's bytes, so `icrcLocated` may overwrite PSEUDO without dropping it.
+ * packet of a flow at one size, i.e. nearly every packet of a stream. It is cached with its inputs; a
+ * hit skips rebuilding that part and its CRC (~40–60 ns, a fifth of an ICRC at 4 KiB), and the UDP
+ * payload is CRC'd onto it (CRC chaining: crc(A‖B) = crc(B, seed crc(A))). Only that CRC is kept, not
+ * PSEUDO's bytes, so `icrcLocated` may overwrite PSEUDO without dropping it.
+ *
+ * Two entries, because a link both sends and checks: an initiator sends WRITEs of one length to its
+ * peer and checks the peer's ACKs of another, and with one entry every message of a many-QP flow
+ * missed twice. The IPv4 ID is not part of the key: CRC-32 is affine, so the prefix for ID k is the
+ * cached one for ID 0 XOR a linear term of k (`ID_HI`/`ID_LO`), which keeps the segments of a GSO
+ * train (IDs 0, 1, 2, …) and a peer's changing IDs on the cached entry.
  */
 // The addresses are compared by content, not by identity: the callers in src/link reuse cached
 // address arrays, so identity would nearly always hit, but nothing stops a caller from rewriting an
 // array in place between packets, and a stale prefix would make the ICRCs of the new flow wrong.
 // Stored as 32-bit words (src in 0–3, dst in 4–7) and compared without a branch per byte: a few
 // loads more than an identity check, where the byte loop cost ~10 ns.
-const lastAddr = new Int32Array(8);
-// The other inputs packed into three words, compared together with the addresses in one test:
+// The other inputs are packed into two words, compared together with the addresses in one test:
 // ports; the length (the headers hold it mod 2^16 only, so that is all the key needs) with the family,
-// whose low bits are never 0, so that 0 marks the cache empty; the IPv4 ID and flags (0 for IPv6,
-// whose headers do not hold them).
-let lastPorts = 0;
-let lastLenFam = 0;
-let lastIdFlags = 0;
-let lastPrefixCrc = 0;
+// whose low bits are never 0, so that 0 marks an entry empty; and the IPv4 flags (0 for IPv6).
+class PrefixEntry {
+  readonly addr = new Int32Array(8);
+  ports = 0;
+  lenFam = 0;
+  flags = 0;
+  /** The prefix CRC for IPv4 ID 0. */
+  crc = 0;
+}
+const entryA = new PrefixEntry();
+const entryB = new PrefixEntry();
+/** The entry a miss replaces: the one not hit last. */
+let victim = entryB;
+
+/**
+ * The linear part of the prefix CRC in the IPv4 ID (header bytes 4 and 5, followed by 22 more bytes of
+ * IPv4 + UDP header): crc(prefix with ID k) = crc(prefix with ID 0) ^ ID_HI[k >>> 8] ^ ID_LO[k & 255].
+ * Each term is crc(E) ^ crc(0…0) over 24 bytes, E holding the byte at its place: the constant parts cancel.
+ */
+const ID_HI = new Int32Array(256);
+const ID_LO = new Int32Array(256);
+{
+  const e = new Uint8Array(IPV4_HDR_LEN + UDP_HDR_LEN - 4);
+  const zero = crc32Table(e);
+  for (let b = 0; b < 256; b++) {
+    e[0] = b;
+    ID_HI[b] = crc32Table(e) ^ zero;
+    e[0] = 0;
+    e[1] = b;
+    ID_LO[b] = crc32Table(e) ^ zero;
+    e[1] = 0;
+  }
+}
 
 /** Bytes `o` … `o + 3` of `a` as one little-endian 32-bit word (as an Int32Array would hold them). */
 function word(a: Uint8Array, o: number): number {
   return a[o]! | (a[o + 1]! << 8) | (a[o + 2]! << 16) | (a[o + 3]! << 24);
 }
 
-/** Zero if and only if `info`'s addresses are the cached ones: the XORs of all their words, ORed. */
-function addrDiff(info: UdpDatagramInfo): number {
+/** Zero if and only if `info`'s addresses are `e`'s: the XORs of all their words, ORed. */
+function addrDiff(e: PrefixEntry, info: UdpDatagramInfo): number {
   const s = info.srcAddr;
   const d = info.dstAddr;
-  if (info.family === 4) return (word(s, 0) ^ lastAddr[0]!) | (word(d, 0) ^ lastAddr[4]!);
+  const a = e.addr;
+  if (info.family === 4) return (word(s, 0) ^ a[0]!) | (word(d, 0) ^ a[4]!);
   return (
-    (word(s, 0) ^ lastAddr[0]!) | (word(s, 4) ^ lastAddr[1]!) | (word(s, 8) ^ lastAddr[2]!) | (word(s, 12) ^ lastAddr[3]!) |
-    (word(d, 0) ^ lastAddr[4]!) | (word(d, 4) ^ lastAddr[5]!) | (word(d, 8) ^ lastAddr[6]!) | (word(d, 12) ^ lastAddr[7]!)
+    (word(s, 0) ^ a[0]!) | (word(s, 4) ^ a[1]!) | (word(s, 8) ^ a[2]!) | (word(s, 12) ^ a[3]!) |
+    (word(d, 0) ^ a[4]!) | (word(d, 4) ^ a[5]!) | (word(d, 8) ^ a[6]!) | (word(d, 12) ^ a[7]!)
   );
 }
 
@@ -130,27 +163,34 @@ function prefixFor(info: UdpDatagramInfo, udpPayloadLen: number, ipId: number, f
   const fam = info.family;
   const ports = ((info.srcPort & 0xffff) << 16) | (info.dstPort & 0xffff);
   const lenFam = ((udpPayloadLen & 0xffff) << 3) | fam;
-  const idFlags = fam === 4 ? (ipId << 16) | flagsFrag : 0;
-  // One branch for the common hit rather than one per field; the miss is kept out of line, so that
-  // this stays small enough for V8 to inline into the ICRC functions.
-  if (((ports ^ lastPorts) | (lenFam ^ lastLenFam) | (idFlags ^ lastIdFlags) | addrDiff(info)) === 0) return lastPrefixCrc;
-  return newPrefix(info, udpPayloadLen, ipId, flagsFrag, ports, lenFam, idFlags);
+  const flags = fam === 4 ? flagsFrag : 0;
+  // One branch per entry for the common hit rather than one per field; the miss is kept out of
+  // line, so that this stays small enough for V8 to inline into the ICRC functions.
+  let e = entryA;
+  if (((ports ^ e.ports) | (lenFam ^ e.lenFam) | (flags ^ e.flags) | addrDiff(e, info)) !== 0) {
+    e = entryB;
+    if (((ports ^ e.ports) | (lenFam ^ e.lenFam) | (flags ^ e.flags) | addrDiff(e, info)) !== 0) e = newPrefix(info, udpPayloadLen, flagsFrag, ports, lenFam, flags);
+  }
+  victim = e === entryA ? entryB : entryA;
+  const c = e.crc;
+  return fam === 4 && ipId !== 0 ? (c ^ ID_HI[(ipId >>> 8) & 0xff]! ^ ID_LO[ipId & 0xff]!) >>> 0 : c;
 }
 
-/** `prefixFor` on a miss: builds the headers, CRCs them and caches the result with its key. */
-function newPrefix(info: UdpDatagramInfo, udpPayloadLen: number, ipId: number, flagsFrag: number, ports: number, lenFam: number, idFlags: number): number {
+/** `prefixFor` on a miss: builds the headers for ID 0, CRCs them and caches the result with its key. */
+function newPrefix(info: UdpDatagramInfo, udpPayloadLen: number, flagsFrag: number, ports: number, lenFam: number, flags: number): PrefixEntry {
   const fam = info.family;
-  const bth = writePseudoHeaders(info, udpPayloadLen, ipId, flagsFrag);
-  lastPrefixCrc = crc32(bth === IPV4_HDR_LEN + UDP_HDR_LEN ? PREFIX_V4 : PREFIX_V6, ICRC_SEED);
-  lastPorts = ports;
-  lastLenFam = lenFam;
-  lastIdFlags = idFlags;
+  const e = victim;
+  const bth = writePseudoHeaders(info, udpPayloadLen, 0, flagsFrag);
+  e.crc = crc32(bth === IPV4_HDR_LEN + UDP_HDR_LEN ? PREFIX_V4 : PREFIX_V6, ICRC_SEED);
+  e.ports = ports;
+  e.lenFam = lenFam;
+  e.flags = flags;
   const words = fam === 4 ? 1 : 4;
   for (let k = 0; k < words; k++) {
-    lastAddr[k] = word(info.srcAddr, 4 * k);
-    lastAddr[4 + k] = word(info.dstAddr, 4 * k);
+    e.addr[k] = word(info.srcAddr, 4 * k);
+    e.addr[4 + k] = word(info.dstAddr, 4 * k);
   }
-  return lastPrefixCrc;
+  return e;
 }
 
 /**
@@ -506,6 +546,47 @@ export function recoverIpv4Id(info: UdpDatagramInfo, udpPayload: Uint8Array): { 
   const wire = readIcrc(udpPayload);
   const r = solveIpv4(udpPayload.length, wire, icrcWith(info, udpPayload, wire, ipId0, flags0), ipId0, flags0);
   return r < 0 ? undefined : { ipId: r >>> 1, dontFragment: (r & 1) !== 0 };
+}
+
+/** `verifyIcrc`'s answers. */
+export const ICRC_BAD = 0;
+export const ICRC_OK = 1;
+export const ICRC_RECOVERED = 2;
+export const ICRC_UNCHECKED = 3;
+
+/**
+ * What the last `verifyIcrc` found besides its status, IPv4 only: the ID it was right for, and whether
+ * DF was set. Module state rather than a result object, so that the receive path allocates nothing.
+ */
+export const verified = { ipId: 0, dontFragment: true };
+
+/**
+ * `checkIcrc` for the receive path: the same verdicts (`ICRC_OK` for `ok`, `ICRC_RECOVERED` for
+ * `ok-recovered`, `ICRC_UNCHECKED`, `ICRC_BAD`) without a result object; `verified` holds the ID and
+ * DF that matched (IPv4). Never throws.
+ */
+export function verifyIcrc(info: UdpDatagramInfo, udpPayload: Uint8Array, mode: IcrcMode): number {
+  const n = udpPayload.length;
+  if (mode === 'off') return ICRC_UNCHECKED;
+  if (n < MIN_ICRC_PAYLOAD || !infoIsValid(info)) return ICRC_BAD;
+  if (info.family === 6) return crcThroughField(info, udpPayload, 0, 0) === CRC32_RESIDUE ? ICRC_OK : ICRC_BAD;
+  const ipId0 = (info.ipId ?? 0) & 0xffff;
+  const flags0 = (info.ipFlagsFrag ?? IPV4_DF) & 0xffff;
+  // A match shows as the residue; only a mismatch needs the ICRC itself (the field taken off), and
+  // recovery solves for the ID from it without another pass over the payload.
+  const through = crcThroughField(info, udpPayload, ipId0, flags0);
+  if (through === CRC32_RESIDUE) {
+    verified.ipId = ipId0;
+    verified.dontFragment = (flags0 & IPV4_DF) !== 0;
+    return ICRC_OK;
+  }
+  if (mode !== 'recover') return ICRC_BAD;
+  const value = readIcrc(udpPayload);
+  const r = solveIpv4(n, value, crc32DropTail4(through, value), ipId0, flags0);
+  if (r < 0) return ICRC_BAD;
+  verified.ipId = r >>> 1;
+  verified.dontFragment = (r & 1) !== 0;
+  return ICRC_RECOVERED;
 }
 
 /**

@@ -110,17 +110,20 @@ t.test('equal sizes to one peer form a train; a shorter one ends it; another pee
   t.equal(s.add(dstA, 50).at, 0, 'an empty ring starts again at 0');
 });
 
-t.test(`train limits: 64 KiB, datagrams of ${MIN_TRAIN_DATAGRAM} bytes or more; no trains when GSO is off`, async (t) => {
+t.test(`train limits: 64 KiB and 64 segments, datagrams of ${MIN_TRAIN_DATAGRAM} bytes or more; no trains when GSO is off`, async (t) => {
   const s = setup((vlen) => ({ r: vlen }));
   for (let i = 0; i < 3; i++) s.add(dstA, MIN_TRAIN_DATAGRAM - 1);
-  t.equal(s.q.pending, 3, 'small datagrams (READ requests, ACKs) leave one per message');
+  t.equal(s.q.pending, 3, 'datagrams shorter than any RoCEv2 packet leave one per message');
   s.ring.flushAll();
   for (let i = 0; i < 16; i++) s.add(dstA, 4112);
   t.equal(s.q.pending, 2, '15 × 4112 bytes fit in one datagram, the 16th starts another');
   s.ring.flushAll();
-  // The kernel's 64 segments are never reached: 64 of the smallest train datagrams pass 64 KiB.
-  for (let i = 0; i < MAX_SEGMENTS; i++) t.equal(s.add(dstA, MIN_TRAIN_DATAGRAM).index, i < 63 ? i : 0);
-  t.equal(s.q.pending, 2, '63 segments of 1024 bytes, then a new message');
+  for (let i = 0; i < MAX_SEGMENTS; i++) t.equal(s.add(dstA, 1024).index, i < 63 ? i : 0);
+  t.equal(s.q.pending, 2, '63 segments of 1024 bytes (64 KiB), then a new message');
+  s.ring.flushAll();
+  // ACK-sized datagrams reach the kernel's 64 segments first.
+  for (let i = 0; i <= MAX_SEGMENTS; i++) t.equal(s.add(dstA, 20).index, i < MAX_SEGMENTS ? i : 0);
+  t.equal(s.q.pending, 2, '64 segments of 20 bytes, then a new message');
   s.ring.flushAll();
   const off = setup((vlen) => ({ r: vlen }), false);
   for (let i = 0; i < 5; i++) t.equal(off.add(dstA, 2000).index, 0);

@@ -345,6 +345,57 @@ t.test('batched path, GSO trains: a burst of equal-size datagrams arrives intact
   t.equal(a.counters.sent, n);
 });
 
+t.test('batched path, UDP_GRO: trains arrive whole and are cut into their datagrams, in order, intact, as without GRO', async (t) => {
+  const a = await open('127.0.0.1');
+  const withGro = await open('127.0.0.1');
+  const without = await open('127.0.0.1', { gro: false });
+  t.equal(withGro.startup.gro, true, 'UDP_GRO set on loopback by default');
+  t.equal(without.startup.gro, false);
+  const strict = await open('127.0.0.1', { icrcVerify: 'strict' });
+  t.equal(strict.startup.gro, false, 'not with strict IPv4 checks');
+  const rng = new Xorshift32(12);
+  // ACK-sized, MTU-sized and odd sizes, runs of each (trains, the last one short), all to both receivers.
+  const sizes: number[] = [];
+  for (let i = 0; i < 70; i++) sizes.push(8); // 20-byte datagrams: over the 64-segment limit
+  for (let i = 0; i < 20; i++) sizes.push(4096);
+  sizes.push(100, 1000, 1000, 1000, 996, 4096);
+  const bodies = sizes.map((n) => {
+    const b = new Uint8Array(n);
+    for (let j = 0; j < n; j++) b[j] = rng.next() & 0xff;
+    return b;
+  });
+  for (const to of [withGro, without]) {
+    const got = recorder(to);
+    bodies.forEach((body, i) => a.send(to.local, a.local.port, sendOnly(i, body)));
+    await until(() => got.length === bodies.length, 5000, `${bodies.length} datagrams`);
+    t.same(got.map((r) => psnOf(r.payload)), [...bodies.keys()], 'in send order');
+    t.ok(got.every((r, i) => r.payload.length === 12 + bodies[i]!.length + 4 &&
+      Buffer.compare(Buffer.from(r.payload.subarray(12, 12 + bodies[i]!.length)), Buffer.from(bodies[i]!)) === 0), 'every datagram intact, of its own length');
+    t.equal(to.drops.badIcrc, 0);
+    t.equal(to.counters.received, bodies.length);
+  }
+  t.ok(withGro.counters.groTrains >= 3, `trains read whole (${withGro.counters.groTrains})`);
+  t.equal(without.counters.groTrains, 0);
+});
+
+t.test('batched path: the receive-batch hook (where the device answers) runs after at most 32 datagrams', async (t) => {
+  const a = await open('127.0.0.1', { gso: false });
+  const b = await open('127.0.0.1');
+  const got = recorder(b);
+  let calls = 0;
+  const seenAtCall: number[] = [];
+  b.onReceiveBatchEnd(() => {
+    calls++;
+    seenAtCall.push(got.length);
+  });
+  const n = 200;
+  for (let i = 0; i < n; i++) a.send(b.local, a.local.port, sendOnly(i, new Uint8Array(64)));
+  await until(() => got.length === n, 5000, `${n} datagrams`);
+  t.ok(calls >= Math.ceil(n / 32), `${calls} calls for ${n} datagrams`);
+  const gaps = seenAtCall.map((x, i) => x - (seenAtCall[i - 1] ?? 0));
+  t.ok(gaps.every((g) => g <= 32), `at most 32 datagrams between calls (${gaps.join(',')})`);
+});
+
 t.test('batched path: the receiver reads with recvmmsg, survives garbage and over-long datagrams', async (t) => {
   const b = await open('127.0.0.1');
   const got = recorder(b);

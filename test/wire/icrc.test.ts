@@ -491,6 +491,27 @@ t.test('send/receive path: consecutive packets that differ in one header input e
     }
   }
   t.equal(checked, 21);
+
+  // Flows interleaved as an initiator's are (WRITEs to the peer, the peer's ACKs back, now and then a
+  // third flow that evicts one entry), each packet with its own IPv4 ID: the ID is folded into the
+  // cached prefix, not part of its key.
+  const flows: [UdpDatagramInfo, number][] = [
+    [{ ...base, srcAddr: base.srcAddr.slice(), dstAddr: base.dstAddr.slice() }, 4124],
+    [{ ...base, srcAddr: base.dstAddr.slice(), dstAddr: base.srcAddr.slice(), srcPort: 0xc00f }, 16],
+    [{ ...base, srcAddr: new Uint8Array([10, 0, 0, 8]), dstAddr: base.dstAddr.slice(), srcPort: 0xd001, ipFlagsFrag: 0 }, 1060],
+  ];
+  let wrong = 0;
+  let n = 0;
+  for (let i = 0; i < 3000; i++) {
+    const [f, len] = flows[i % 7 === 6 ? 2 : i & 1]!;
+    const info = { ...f, ipId: i < 4 ? [0, 0xffff, 0xff00, 0x00ff][i]! : rnd() & 0xffff };
+    const p = payload(len);
+    const want = icrcOfIpDatagram(ipDatagram(info, p));
+    if (icrcOfParts(info, [p.subarray(0, 12), p.subarray(12, len - 4)], len) !== want) wrong++;
+    if (icrcOfUdpPayload(info, p) !== want) wrong++;
+    n++;
+  }
+  t.equal(wrong, 0, `${n} packets of three interleaved flows with random IDs`);
 });
 
 t.test('send/receive path, IPv6: an address rewritten in place is seen, in every byte', async (t) => {
