@@ -348,7 +348,7 @@ export class QueuePair implements EngineContext {
       this.counters.unexpectedResponse++;
       return;
     }
-    this.apply(now, this.completer.onResponse(this, this.sq, pkt, info, (w) => this.retire(w)));
+    this.apply(now, this.completer.onResponse(this, this.sq, pkt, info, this.retireFn));
   }
 
   /** Does the work that is due: timers, then sending (requests, then READ responses). Returns packets sent. */
@@ -461,6 +461,8 @@ export class QueuePair implements EngineContext {
   }
 
   /** Retires the head send WQE successfully (completer, or UC/UD after the last packet). */
+  private readonly retireFn = (wqe: SendWqe): void => this.retire(wqe);
+
   private retire(wqe: SendWqe): void {
     if (this.sq.peek() !== wqe) return;
     this.sq.shift();

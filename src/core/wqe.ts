@@ -57,60 +57,71 @@ export interface RecvWqe {
   segments: Uint8Array[] | undefined;
 }
 
-/** A FIFO with absolute indices: `at(i)` stays meaningful while the front is removed. */
+/**
+ * A FIFO with absolute indices: `at(i)` stays meaningful while the front is removed. A ring whose
+ * capacity doubles when full: in the steady state pushing and shifting allocate nothing, and a
+ * queue that empties keeps no stale entries alive. (An array appended to and cleared from the front
+ * grew with every WQE between compactions, which with thousands of QPs kept reallocating and
+ * promoting thousands of mostly empty arrays.)
+ */
 export class WorkQueue<T> {
   private items: (T | undefined)[] = [];
-  private base = 0;
-  private start = 0;
+  private mask = -1;
+  private first = 0;
+  private end = 0;
 
   /** Absolute index of the oldest entry. */
   get head(): number {
-    return this.base + this.start;
+    return this.first;
   }
 
   /** Absolute index one past the newest entry. */
   get tail(): number {
-    return this.base + this.items.length;
+    return this.end;
   }
 
   get length(): number {
-    return this.items.length - this.start;
+    return this.end - this.first;
   }
 
   push(x: T): void {
-    this.items.push(x);
+    if (this.end - this.first === this.items.length) this.grow();
+    this.items[this.end & this.mask] = x;
+    this.end++;
   }
 
   at(abs: number): T | undefined {
-    const i = abs - this.base;
-    return i >= this.start && i < this.items.length ? this.items[i] : undefined;
+    return abs >= this.first && abs < this.end ? this.items[abs & this.mask] : undefined;
   }
 
   peek(): T | undefined {
-    return this.at(this.head);
+    return this.first < this.end ? this.items[this.first & this.mask] : undefined;
   }
 
   shift(): T | undefined {
-    if (this.start >= this.items.length) return undefined;
-    const x = this.items[this.start];
-    this.items[this.start] = undefined;
-    this.start++;
-    // Compact now and then so the array does not grow without bound.
-    if (this.start > 1024 && this.start * 2 > this.items.length) {
-      this.items = this.items.slice(this.start);
-      this.base += this.start;
-      this.start = 0;
-    }
+    if (this.first >= this.end) return undefined;
+    const i = this.first & this.mask;
+    const x = this.items[i];
+    this.items[i] = undefined;
+    this.first++;
     return x;
   }
 
   clear(): void {
-    this.base += this.items.length;
-    this.items = [];
-    this.start = 0;
+    for (let a = this.first; a < this.end; a++) this.items[a & this.mask] = undefined;
+    this.first = this.end;
+  }
+
+  private grow(): void {
+    const cap = this.items.length === 0 ? 4 : this.items.length * 2;
+    const next = new Array<T | undefined>(cap).fill(undefined);
+    const mask = cap - 1;
+    for (let a = this.first; a < this.end; a++) next[a & mask] = this.items[a & this.mask];
+    this.items = next;
+    this.mask = mask;
   }
 
   *[Symbol.iterator](): IterableIterator<T> {
-    for (let i = this.start; i < this.items.length; i++) yield this.items[i]!;
+    for (let a = this.first; a < this.end; a++) yield this.items[a & this.mask]!;
   }
 }

@@ -19,6 +19,7 @@ import type { Link, RxMeta } from '../link/link.js';
 import { gidOf, normalizeAddress } from '../core/address.js';
 import { DeviceNotificationPoint, qpCcState, qpCongestion, type CcOption, type QpCcState } from '../core/cc-hooks.js';
 import { newCounters, type Counters } from '../core/counters.js';
+import type { RxInfo } from '../core/context.js';
 import { CompletionQueue } from '../core/cq.js';
 import { RoceError } from '../core/errors.js';
 import { DEFAULT_PORT_MTU, DEVICE_LIMITS, FIRST_QPN, MAX_PKTS_PER_POLL } from '../core/limits.js';
@@ -86,7 +87,8 @@ export class Device {
   private heapSeqNext = 0;
   private armed: TimerHandle | undefined;
   private armedAt = Infinity;
-  private readonly ready = new Set<QueuePair>();
+  private ready = new Set<QueuePair>();
+  private spare = new Set<QueuePair>();
   private runPending = false;
   private nextQpn = FIRST_QPN;
   private nextHandle = 1;
@@ -94,6 +96,7 @@ export class Device {
   private closed = false;
   private readonly virtual: boolean;
   private readonly io: QpIo;
+  private readonly rxInfo: RxInfo = { srcAddress: '', dstAddress: '', udpLength: 0 };
   /** QP1 and the CM agent it feeds; created at open, as a kernel does for every port. */
   readonly gsi: Gsi;
 
@@ -284,22 +287,25 @@ export class Device {
   private deferRun(): void {
     if (this.runPending) return;
     this.runPending = true;
-    const run = (): void => {
-      this.runPending = false;
-      this.runReady();
-    };
     // A virtual clock runs it at the current instant, deterministically; a real one on the
     // next event-loop turn, so that received datagrams get their turn between bursts.
-    if (this.virtual) this.clock.at(this.clock.now(), run);
-    else setImmediate(run);
+    if (this.virtual) this.clock.at(this.clock.now(), this.runTask);
+    else setImmediate(this.runTask);
   }
 
-  /** Runs every QP that is ready, once. */
+  private readonly runTask = (): void => {
+    this.runPending = false;
+    this.runReady();
+  };
+
+  /** Runs every QP that is ready, once: the set is swapped for an empty one, so QPs made ready meanwhile wait for the next run. */
   private runReady(): void {
     if (this.ready.size === 0) return;
-    const batch = [...this.ready];
-    this.ready.clear();
+    const batch = this.ready;
+    this.ready = this.spare;
     for (const qp of batch) this.runQp(qp);
+    batch.clear();
+    this.spare = batch;
   }
 
   private runQp(qp: QueuePair): void {
@@ -341,10 +347,14 @@ export class Device {
       if (src === undefined || src !== qp.attrs.dest?.address) return this.drop('badAddr', `from ${meta.src.address}`);
     }
     c.rcvdPkts++;
-    if (this.np !== undefined && info.request) this.np.onRequest(qp, payload, meta, this.clock.now(), pkt.deth?.srcQp);
-    qp.onPacket(this.clock.now(), pkt, info, {
-      srcAddress: meta.src.address, dstAddress: this.link.local.address, udpLength: payload.length,
-    });
+    const now = this.clock.now();
+    if (this.np !== undefined && info.request) this.np.onRequest(qp, payload, meta, now, pkt.deth?.srcQp);
+    // One record for every packet: the engines read it during the call only (the GRH of a UD receive).
+    const rx = this.rxInfo;
+    rx.srcAddress = meta.src.address;
+    rx.dstAddress = this.link.local.address;
+    rx.udpLength = payload.length;
+    qp.onPacket(now, pkt, info, rx);
     this.kick(qp);
   }
 
