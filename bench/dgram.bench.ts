@@ -15,7 +15,8 @@
  *   `UdpLink.send` does: `TxQueue.add`, then the bytes at the offset it returns) from an unconnected
  *   socket's descriptor and flushes every burst of 64 with one `sendmmsg`: one message per datagram
  *   (`batched`), or consecutive datagrams as UDP GSO trains (`batched GSO`, up to 64 segments and
- *   64 KiB a train). The receiver reads with `RxRing` (`recvmmsg` into fixed slots, polled by libuv
+ *   64 KiB a train; `batched GSO GRO`: the same trains to a receiver with UDP_GRO, which reads each
+ *   one whole and cuts it, as `UdpLink` does on loopback). The receiver reads with `RxRing` (`recvmmsg` into fixed slots, polled by libuv
  *   on a dup of its socket's descriptor, `dgram`'s own reading stopped). No `IP_PMTUDISC_DO` and no
  *   ICRC: raw datagrams, as in the other blasts. The ratio is to the connected blast of the same size.
  *   Without the FFI (koffi) these rows are NaN and reported FAILED.
@@ -30,7 +31,7 @@ import { performance } from 'node:perf_hooks';
 import { setImmediate as yieldTurn, setTimeout as sleep } from 'node:timers/promises';
 import { pathToFileURL } from 'node:url';
 import { RxRing, TxQueue, TxRing, type TxDest } from '../src/link/mmsg.js';
-import { batchIoFfi, ffiStatus, socketFd, stopDgramReading, type BatchIoFfi } from '../src/link/sockopt.js';
+import { batchIoFfi, ffiStatus, setsockoptInt, socketFd, SOL_UDP, stopDgramReading, UDP_GRO, type BatchIoFfi } from '../src/link/sockopt.js';
 import { formatRows, type BenchRow } from './harness.js';
 import { machineLine, ProcGroup, runCases, type ChildContext, type ProcCase, type Workload } from './procs.js';
 
@@ -45,14 +46,15 @@ const WINDOW = 256;
 /** Send ring of the batched blast, as `UdpLink`'s (a burst of 64 × 4150 bytes takes 266 KB of it). */
 const TX_RING_BYTES = 2 << 20;
 
-export type DgramVariant = 'connected' | 'unconnected' | 'windowed connected' | 'windowed unconnected' | 'batched' | 'batched GSO';
+export type DgramVariant = 'connected' | 'unconnected' | 'windowed connected' | 'windowed unconnected' | 'batched' | 'batched GSO' | 'batched GSO GRO';
 const VARIANTS: readonly DgramVariant[] = ['connected', 'unconnected', 'windowed connected', 'windowed unconnected'];
-/** The blast through `mmsg.ts` (sendmmsg → recvmmsg), without and with GSO trains. */
-const BATCHED_VARIANTS: readonly DgramVariant[] = ['batched', 'batched GSO'];
+/** The blast through `mmsg.ts` (sendmmsg → recvmmsg), without and with GSO trains, and with trains read whole (UDP_GRO). */
+const BATCHED_VARIANTS: readonly DgramVariant[] = ['batched', 'batched GSO', 'batched GSO GRO'];
 
 function variantLabel(v: DgramVariant): string {
   if (v === 'batched') return 'blast batched (sendmmsg → recvmmsg)';
   if (v === 'batched GSO') return 'blast batched GSO (sendmmsg trains → recvmmsg)';
+  if (v === 'batched GSO GRO') return 'blast batched GSO + GRO (sendmmsg trains → recvmmsg trains)';
   return v.startsWith('windowed') ? `windowed ${WINDOW}/${ACK_EVERY} ${v.slice('windowed '.length)}` : `blast ${v}`;
 }
 
@@ -103,6 +105,8 @@ interface ReceiverArgs {
   windowMs: number;
   /** ACK every this many datagrams to the sender (windowed); 0: no ACKs. */
   ackEvery: number;
+  /** Batched receiver: set UDP_GRO and read trains whole. */
+  gro?: boolean;
 }
 export interface ReceiverResult {
   datagrams: number;
@@ -267,6 +271,7 @@ const batchedReceiver: Workload = async (args: ReceiverArgs, ctx: ChildContext):
     const firstSeen = new Promise<void>((resolve) => {
       first = resolve;
     });
+    if (args.gro === true && !setsockoptInt(dupFd, SOL_UDP, UDP_GRO, 1).ok) throw new Error(`UDP_GRO: errno ${ffi.errno()}`);
     rx = new RxRing(
       ffi,
       dupFd,
@@ -280,6 +285,7 @@ const batchedReceiver: Workload = async (args: ReceiverArgs, ctx: ChildContext):
       },
       () => {},
       () => {},
+      args.gro === true,
     );
     await ctx.ready({ port });
     return { ...(await countWindow(firstSeen, args, () => [count, bytes])), wrongSize, truncated };
@@ -493,8 +499,8 @@ export async function run(opts: DgramOptions): Promise<BenchRow[]> {
         name: dgramBaselineName(size, v),
         timeoutMs: blastTimeout,
         tasks: {
-          rx: { workload: 'batchedReceiver', args: { size, warmupMs, windowMs, ackEvery: 0 } satisfies ReceiverArgs },
-          tx: { workload: 'batchedSender', primary: false, args: { size, gso: v === 'batched GSO', burst: 64 } satisfies BatchedSenderArgs },
+          rx: { workload: 'batchedReceiver', args: { size, warmupMs, windowMs, ackEvery: 0, gro: v === 'batched GSO GRO' } satisfies ReceiverArgs },
+          tx: { workload: 'batchedSender', primary: false, args: { size, gso: v !== 'batched', burst: 64 } satisfies BatchedSenderArgs },
         },
         measure: (r) => {
           const rx = r['rx'] as ReceiverResult & { truncated: number };

@@ -172,7 +172,8 @@ export function gather(segments: readonly Uint8Array[], off: number, len: number
       continue;
     }
     const take = Math.min(seg.length - skip, need);
-    parts.push(seg.subarray(skip, skip + take));
+    // A packet that is a whole segment (a message of one packet) needs no view of it.
+    parts.push(skip === 0 && take === seg.length ? seg : seg.subarray(skip, skip + take));
     need -= take;
     skip = 0;
   }

@@ -21,7 +21,7 @@ import { psnAdd, psnDiff, psnLt } from '../wire/psn.js';
 import { OPCODE } from '../wire/opcode.js';
 import { padFor } from '../wire/packet.js';
 import type { EngineContext } from './context.js';
-import { blankFields, PAD, SHARED_HEADER_BUILDER } from './headers.js';
+import { blankFields, clearParts, PAD, SHARED_HEADER_BUILDER } from './headers.js';
 import { DEVICE_LIMITS, MAX_PKT_PER_ACK, MAX_UNACKED_PSNS } from './limits.js';
 import { gather, resolveSges } from './mr.js';
 import type { Psn, QpType, WcStatus, WrOpcode } from './types.js';
@@ -187,7 +187,7 @@ export class Requester {
   private sendOne(ctx: EngineContext, wqe: SendWqe): void {
     const f = this.f;
     const parts = this.parts;
-    parts.length = 0;
+    clearParts(parts);
     const k = wqe.nextPkt;
     const psn = psnAdd(wqe.firstPsn, k);
     f.psn = psn;

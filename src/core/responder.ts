@@ -24,7 +24,7 @@ import { psnAdd, psnDiff } from '../wire/psn.js';
 import { ipv4Checksum, parseIpAddress } from '../wire/frame.js';
 import type { EngineContext, RxInfo } from './context.js';
 import type { CounterName } from './counters.js';
-import { blankFields, PAD, SHARED_HEADER_BUILDER } from './headers.js';
+import { blankFields, clearParts, PAD, SHARED_HEADER_BUILDER } from './headers.js';
 import { resolveSges, scatter, type MemoryRegion } from './mr.js';
 import { ACCESS, WC_FLAGS, type Psn, type WcStatus, type WorkCompletion } from './types.js';
 import type { RecvWqe, WorkQueue } from './wqe.js';
@@ -645,7 +645,7 @@ export class Responder {
     f.padCount = 0;
     f.syndrome = syndrome;
     f.msn = msn;
-    this.parts.length = 0;
+    clearParts(this.parts);
     this.parts.push(this.hb.build(f));
     ctx.transmit(ctx.attrs.dest!, this.parts);
   }
@@ -662,7 +662,7 @@ export class Responder {
     f.syndrome = ackSyndrome();
     f.msn = this.msn;
     f.origData = orig;
-    this.parts.length = 0;
+    clearParts(this.parts);
     this.parts.push(this.hb.build(f));
     ctx.transmit(ctx.attrs.dest!, this.parts);
   }
@@ -689,7 +689,7 @@ export class Responder {
       f.syndrome = ackSyndrome();
       f.msn = this.msn;
       const parts = this.parts;
-      parts.length = 0;
+      clearParts(parts);
       parts.push(this.hb.build(f));
       if (n > 0) parts.push(job.mr.buffer.subarray(job.off, job.off + n));
       if (f.padCount) parts.push(PAD[f.padCount]!);

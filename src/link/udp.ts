@@ -287,6 +287,8 @@ export class UdpLink implements WireLink {
   private readonly txDests = new Map<string, TxDest>();
   private lastTxDest: TxDest | undefined;
   private batchEnd: (() => void) | undefined;
+  /** Some datagram went through `dgram` (see `send`). */
+  private dgramUsed = false;
   private readonly peers4 = new Map<number, PeerAddress>();
   private readonly peers6 = new Map<string, PeerAddress>();
   private lastPeer6: PeerAddress | undefined;
@@ -465,7 +467,9 @@ export class UdpLink implements WireLink {
     }
     const port = this.choosePort(srcPort);
     const socket = this.socketFor(port)!;
-    if (len > TX_SLAB_BYTES || socket.getSendQueueCount() > 0 || (socket !== this.main && this.flowBySocket.get(socket)?.state === 'binding')) {
+    // dgram's queue is asked only once dgram has been given a datagram: on the batched path that is rare
+    // (a spill, an oversize or zoned datagram), and the question is a call into its handle per send.
+    if (len > TX_SLAB_BYTES || (this.dgramUsed && socket.getSendQueueCount() > 0) || (socket !== this.main && this.flowBySocket.get(socket)?.state === 'binding')) {
       // dgram keeps what it is given past this call: one fresh buffer it can own (file comment).
       this.transmit(socket, dst, this.gather(dstAddr, dst.port, port, parts, len));
       return;
@@ -761,6 +765,7 @@ export class UdpLink implements WireLink {
     // Datagrams queued on the batched path go first: one socket's datagrams leave in send order.
     const q = this.txQueues.get(socket);
     if (q !== undefined && q.pending > 0) q.flush();
+    this.dgramUsed = true;
     try {
       if (this.sendDone) socket.send(datagram, dst.port, dst.address, this.sendDone);
       else socket.send(datagram, dst.port, dst.address);

@@ -182,8 +182,12 @@ export class Device {
     return this.clock.now();
   }
 
-  /** Re-evaluates when `qp` needs to run; call after anything changed it. */
-  kick(qp: QueuePair): void {
+  /**
+   * Re-evaluates when `qp` needs to run; call after anything changed it. `now` may be a reading
+   * taken a moment earlier (by the caller that just ran the QP): a deadline that passed since is
+   * then armed rather than run at once, which costs a timer and not a wrong answer.
+   */
+  kick(qp: QueuePair, now: number = this.clock.now()): void {
     if (this.closed || !this.qps.has(qp.qpn)) return;
     const t = qp.pollAt();
     if (t === undefined) {
@@ -192,7 +196,6 @@ export class Device {
       qp.timerAt = -1;
       return;
     }
-    const now = this.clock.now();
     if (t <= now) {
       // The entry stays: a QP with traffic becomes ready once per message and will want its ACK
       // deadline again; an early wake-up is a no-op poll that re-arms for the real deadline.
@@ -310,8 +313,9 @@ export class Device {
 
   private runQp(qp: QueuePair): void {
     if (this.closed || !this.qps.has(qp.qpn)) return;
-    qp.poll(this.clock.now(), MAX_PKTS_PER_POLL);
-    this.kick(qp);
+    const now = this.clock.now();
+    qp.poll(now, MAX_PKTS_PER_POLL);
+    this.kick(qp, now);
   }
 
   /** Ingress, in rxe_rcv's order. Never throws. */
@@ -355,7 +359,7 @@ export class Device {
     rx.dstAddress = this.link.local.address;
     rx.udpLength = payload.length;
     qp.onPacket(now, pkt, info, rx);
-    this.kick(qp);
+    this.kick(qp, now);
   }
 
   // --- congestion control (core/cc-hooks.ts) ------------------------------------------------
