@@ -264,6 +264,9 @@ export class Requester {
 
   private finishPacket(ctx: EngineContext, dst: { address: string; port: number }, psn: Psn, span: number): void {
     ctx.transmit(dst, this.parts);
+    // Emptied at once, not at the next packet: a QP that sends rarely (one of thousands) would
+    // otherwise keep its last payload view alive long enough to be promoted, every time.
+    clearParts(this.parts);
     if (psnLt(psn, this.highPsn)) ctx.counters.retransPkts++;
     const next = psnAdd(psn, span);
     if (psnLt(this.highPsn, next)) this.highPsn = next;

@@ -648,6 +648,7 @@ export class Responder {
     clearParts(this.parts);
     this.parts.push(this.hb.build(f));
     ctx.transmit(ctx.attrs.dest!, this.parts);
+    clearParts(this.parts); // nothing of this packet stays reachable from the QP
   }
 
   private sendAtomicAck(ctx: EngineContext, psn: Psn, orig: bigint): void {
@@ -665,6 +666,7 @@ export class Responder {
     clearParts(this.parts);
     this.parts.push(this.hb.build(f));
     ctx.transmit(ctx.attrs.dest!, this.parts);
+    clearParts(this.parts); // nothing of this packet stays reachable from the QP
   }
 
   /** Sends up to `budget` READ response packets (rxe read_reply); returns how many. */
@@ -694,6 +696,7 @@ export class Responder {
       if (n > 0) parts.push(job.mr.buffer.subarray(job.off, job.off + n));
       if (f.padCount) parts.push(PAD[f.padCount]!);
       ctx.transmit(ctx.attrs.dest!, parts);
+      clearParts(parts);
       sent++;
       job.fresh = false;
       job.psn = psnAdd(job.psn, 1);
