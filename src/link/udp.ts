@@ -67,7 +67,7 @@ import { formatIpAddress, parseIpAddress } from '../wire/frame.js';
 import { SystemClock, type Clock } from '../runtime/clock.js';
 import { emptyDrops, type LinkCaps, type LinkDropReason, type LinkRxHandler, type PeerAddress, type RxMeta } from './link.js';
 import type { RxHook, WireDatagram, WireLink } from './link.js';
-import { RxRing, TxQueue, TxRing, type TxDest } from './mmsg.js';
+import { RX_SLOT, RxRing, TxQueue, TxRing, type TxDest } from './mmsg.js';
 import {
   batchIoFfi,
   ffiStatus,
@@ -623,8 +623,9 @@ export class UdpLink implements WireLink {
       dupFd,
       this.caps.family,
       (datagram, addr, srcPort, truncated) => {
-        if (truncated) {
-          this.drop.notRoce++; // longer than any RoCEv2 packet (mmsg.ts, RX_SLOT)
+        // Longer than any RoCEv2 packet: truncated into a slot, or whole in a GRO-sized one.
+        if (truncated || datagram.length > RX_SLOT) {
+          this.drop.notRoce++;
           return;
         }
         this.onDatagram(datagram, this.peerFor(addr, srcPort), port);

@@ -396,6 +396,21 @@ t.test('batched path: the receive-batch hook (where the device answers) runs aft
   t.ok(gaps.every((g) => g <= 32), `at most 32 datagrams between calls (${gaps.join(',')})`);
 });
 
+t.test('batched path: a datagram longer than any RoCEv2 packet is not RoCE, with GRO slots or without', async (t) => {
+  for (const gro of [true, false]) {
+    const b = await open('127.0.0.1', { gro });
+    const s = await plainSocket('127.0.0.1');
+    t.teardown(() => closeSocket(s));
+    s.send(new Uint8Array(20000), b.local.port, '127.0.0.1'); // zeros: a valid BTH version, no valid ICRC
+    const good = datagram(s.address() as { address: string; port: number }, b.local, 78);
+    s.send(good, b.local.port, '127.0.0.1');
+    const got = recorder(b);
+    await until(() => got.length === 1, 2000, 'the valid datagram');
+    t.equal(b.drops.notRoce, 1, `gro ${gro}: counted as not RoCE`);
+    t.equal(b.drops.badIcrc, 0);
+  }
+});
+
 t.test('batched path: the receiver reads with recvmmsg, survives garbage and over-long datagrams', async (t) => {
   const b = await open('127.0.0.1');
   const got = recorder(b);
