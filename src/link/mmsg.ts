@@ -459,28 +459,24 @@ export class RxRing {
         const len = dv.getUint32(m + OFF_LEN, isLittleEndian);
         const truncated = (dv.getInt32(m + OFF_FLAGS, isLittleEndian) & MSG_TRUNC) !== 0;
         const port = dv.getUint16(nameOff + i * SOCKADDR + 2, false);
+        // A GRO train is cut into its datagrams; anything else is one datagram (`step` = its length).
         const seg = gro ? this.segmentSize(i) : 0;
-        if (seg > 0 && seg < len && !truncated) {
-          this.onTrain?.();
-          const slot = this.slots[i]!;
-          for (let o = 0; o < len && !this.closed; o += seg) {
-            this.deliver(slot.subarray(o, Math.min(o + seg, len)), this.names[i]!, port, false);
-            budget--;
-            if (++since >= ANSWER_EVERY) {
-              this.after();
-              this.before();
-              since = 0;
-            }
-          }
-        } else {
-          this.deliver(this.slots[i]!.subarray(0, len), this.names[i]!, port, truncated);
+        const train = seg > 0 && seg < len && !truncated;
+        if (train) this.onTrain?.();
+        const step = train ? seg : len;
+        const slot = this.slots[i]!;
+        let o = 0;
+        do {
+          const end = Math.min(o + step, len);
+          this.deliver(slot.subarray(o, end), this.names[i]!, port, truncated);
+          o = end;
           budget--;
           if (++since >= ANSWER_EVERY) {
             this.after();
             this.before();
             since = 0;
           }
-        }
+        } while (o < len && !this.closed);
       }
       this.after();
       if (r < want) break;

@@ -6,6 +6,8 @@
  * when told to, so tests over `MemoryLink` are deterministic and as fast as the CPU.
  */
 
+import { DeadlineHeap } from './deadline-heap.js';
+
 export type Micros = number;
 
 export interface TimerHandle {
@@ -37,7 +39,6 @@ export class SystemClock implements Clock {
 
 interface Pending {
   at: Micros;
-  seq: number;
   fn: () => void;
   cancelled: boolean;
 }
@@ -45,8 +46,7 @@ interface Pending {
 /** A discrete-event clock: timers fire in (time, insertion) order as `advance` moves time. */
 export class VirtualClock implements Clock {
   private t: Micros;
-  private seq = 0;
-  private heap: Pending[] = [];
+  private readonly heap = new DeadlineHeap<Pending>();
 
   constructor(start: Micros = 0) {
     this.t = start;
@@ -57,15 +57,15 @@ export class VirtualClock implements Clock {
   }
 
   at(at: Micros, fn: () => void): TimerHandle {
-    const p: Pending = { at: Math.max(at, this.t), seq: this.seq++, fn, cancelled: false };
-    this.push(p);
+    const p: Pending = { at: Math.max(at, this.t), fn, cancelled: false };
+    this.heap.push(p.at, p);
     return { cancel: () => { p.cancelled = true; } };
   }
 
   /** Time of the next live timer, if any. */
   next(): Micros | undefined {
-    while (this.heap.length && this.heap[0]!.cancelled) this.pop();
-    return this.heap[0]?.at;
+    while (this.heap.top()?.cancelled === true) this.heap.pop();
+    return this.heap.topAt();
   }
 
   /** Fires every timer due up to `until` (inclusive), moving time forward as it goes. */
@@ -73,7 +73,7 @@ export class VirtualClock implements Clock {
     for (;;) {
       const n = this.next();
       if (n === undefined || n > until) break;
-      const p = this.pop()!;
+      const p = this.heap.pop()!;
       this.t = Math.max(this.t, p.at);
       p.fn();
     }
@@ -92,48 +92,11 @@ export class VirtualClock implements Clock {
       if (until?.()) break;
       const n = this.next();
       if (n === undefined || n > end) break;
-      const p = this.pop()!;
+      const p = this.heap.pop()!;
       this.t = Math.max(this.t, p.at);
       p.fn();
       fired++;
     }
     return fired;
-  }
-
-  private less(a: Pending, b: Pending): boolean {
-    return a.at < b.at || (a.at === b.at && a.seq < b.seq);
-  }
-
-  private push(p: Pending): void {
-    const h = this.heap;
-    h.push(p);
-    let i = h.length - 1;
-    while (i > 0) {
-      const parent = (i - 1) >> 1;
-      if (!this.less(h[i]!, h[parent]!)) break;
-      [h[i], h[parent]] = [h[parent]!, h[i]!];
-      i = parent;
-    }
-  }
-
-  private pop(): Pending | undefined {
-    const h = this.heap;
-    const top = h[0];
-    const last = h.pop();
-    if (h.length && last) {
-      h[0] = last;
-      let i = 0;
-      for (;;) {
-        const l = 2 * i + 1;
-        const r = l + 1;
-        let m = i;
-        if (l < h.length && this.less(h[l]!, h[m]!)) m = l;
-        if (r < h.length && this.less(h[r]!, h[m]!)) m = r;
-        if (m === i) break;
-        [h[i], h[m]] = [h[m]!, h[i]!];
-        i = m;
-      }
-    }
-    return top;
   }
 }

@@ -30,6 +30,7 @@ import { DEFAULT_PKEY } from '../wire/constants.js';
 import { parsePacket } from '../wire/packet.js';
 import { Gsi } from '../cm/gsi.js';
 import { VirtualClock, type Clock, type TimerHandle } from './clock.js';
+import { DeadlineHeap } from './deadline-heap.js';
 
 export interface DeviceOptions {
   link: Link;
@@ -75,16 +76,11 @@ export class Device {
   onEvent: (ev: AsyncEvent) => void = () => {};
   private readonly opts: DeviceOptions;
   private readonly qps = new Map<Qpn, QueuePair>();
-  // QP deadlines (ACK, RNR and pacing timers): one binary heap of (at, seq, qp) in parallel arrays,
-  // and one clock timer for its earliest entry. A timer per QP cost a Timeout, a closure and a map
-  // entry each time a QP armed one, which with thousands of QPs is once per message.
-  // An entry is live while `qp.timerAt` equals its `at`; anything else is stale and skipped when it
-  // comes up. `seq` keeps entries with one deadline in the order they were made, as separate timers
-  // fired.
-  private readonly heapAt: number[] = [];
-  private readonly heapSeq: number[] = [];
-  private readonly heapQp: QueuePair[] = [];
-  private heapSeqNext = 0;
+  // QP deadlines (ACK, RNR and pacing timers): one heap, and one clock timer for its earliest entry.
+  // A timer per QP cost a Timeout, a closure and a map entry each time a QP armed one, which with
+  // thousands of QPs is once per message. An entry is live while `qp.timerAt` equals its deadline;
+  // anything else is stale and skipped when it comes up.
+  private readonly deadlines = new DeadlineHeap<QueuePair>();
   private armed: TimerHandle | undefined;
   private armedAt = Infinity;
   private ready = new Set<QueuePair>();
@@ -208,7 +204,7 @@ export class Device {
     // early wake-up, which polls, finds nothing due and re-arms (runQp → kick).
     if (qp.timerAt >= 0 && qp.timerAt <= t) return;
     qp.timerAt = t;
-    this.heapPush(t, qp);
+    this.deadlines.push(t, qp);
     if (t < this.armedAt) this.arm(t);
   }
 
@@ -228,64 +224,16 @@ export class Device {
     this.armedAt = Infinity;
     if (this.closed) return;
     const now = this.clock.now();
-    while (this.heapAt.length > 0 && this.heapAt[0]! <= now) {
-      const at = this.heapAt[0]!;
-      const qp = this.heapPop();
+    const d = this.deadlines;
+    for (let at = d.topAt(); at !== undefined && at <= now; at = d.topAt()) {
+      const qp = d.pop()!;
       if (qp.timerAt !== at) continue;
       qp.timerAt = -1;
       this.runQp(qp);
     }
-    if (this.heapAt.length > 0 && this.heapAt[0]! < this.armedAt) this.arm(this.heapAt[0]!);
+    const next = d.topAt();
+    if (next !== undefined && next < this.armedAt) this.arm(next);
   };
-
-  private heapPush(at: number, qp: QueuePair): void {
-    const A = this.heapAt;
-    const S = this.heapSeq;
-    const Q = this.heapQp;
-    const seq = this.heapSeqNext++;
-    let i = A.length;
-    A.push(at);
-    S.push(seq);
-    Q.push(qp);
-    while (i > 0) {
-      const p = (i - 1) >> 1;
-      if (A[p]! < at || (A[p] === at && S[p]! < seq)) break;
-      A[i] = A[p]!;
-      S[i] = S[p]!;
-      Q[i] = Q[p]!;
-      i = p;
-    }
-    A[i] = at;
-    S[i] = seq;
-    Q[i] = qp;
-  }
-
-  private heapPop(): QueuePair {
-    const A = this.heapAt;
-    const S = this.heapSeq;
-    const Q = this.heapQp;
-    const top = Q[0]!;
-    const at = A.pop()!;
-    const seq = S.pop()!;
-    const qp = Q.pop()!;
-    const n = A.length;
-    if (n === 0) return top;
-    let i = 0;
-    for (;;) {
-      let c = 2 * i + 1;
-      if (c >= n) break;
-      if (c + 1 < n && (A[c + 1]! < A[c]! || (A[c + 1] === A[c] && S[c + 1]! < S[c]!))) c++;
-      if (at < A[c]! || (at === A[c] && seq < S[c]!)) break;
-      A[i] = A[c]!;
-      S[i] = S[c]!;
-      Q[i] = Q[c]!;
-      i = c;
-    }
-    A[i] = at;
-    S[i] = seq;
-    Q[i] = qp;
-    return top;
-  }
 
   private deferRun(): void {
     if (this.runPending) return;
@@ -418,10 +366,8 @@ export class Device {
     this.gsi.close();
     this.armed?.cancel();
     this.armed = undefined;
-    for (const qp of this.heapQp) qp.timerAt = -1;
-    this.heapAt.length = 0;
-    this.heapSeq.length = 0;
-    this.heapQp.length = 0;
+    for (const qp of this.deadlines.values()) qp.timerAt = -1;
+    this.deadlines.clear();
     this.ready.clear();
     await this.link.close();
   }
