@@ -120,26 +120,40 @@ for (const family of [4, 6] as const) {
     const hostIp = family === 4 ? lab.hostIpv4 : lab.hostIpv6;
     const guestIp = family === 4 ? g.ipv4 : g.ipv6;
     const start = Date.now();
-    const child = lab.execHost([process.execPath, CLI, 'rping', '-s', '-a', hostIp, '-p', String(PORT), '-v', '-d'], { stdio: ['ignore', 'pipe', 'pipe'] });
-    let out = '';
-    let err = '';
-    child.stderr?.setEncoding('utf8').on('data', (d: string) => (err += d));
-    const exited = new Promise<number | null>((resolve) => child.on('close', resolve));
-    await new Promise<void>((resolve, reject) => {
-      const timer = setTimeout(() => reject(new Error(`our server did not listen: ${err}`)), 20_000);
-      child.stdout?.setEncoding('utf8').on('data', (d: string) => {
-        out += d;
-        if (out.includes('rdma_listen')) {
-          clearTimeout(timer);
-          resolve();
-        }
+    /** Our server, and rping -c in the guest against it; resolves when both have exited. */
+    const attempt = async (): Promise<{ cli: { code: number | null; stdout: string }; code: number | null; out: string; err: string }> => {
+      const child = lab.execHost([process.execPath, CLI, 'rping', '-s', '-a', hostIp, '-p', String(PORT), '-v', '-d'], { stdio: ['ignore', 'pipe', 'pipe'] });
+      let out = '';
+      let err = '';
+      child.stderr?.setEncoding('utf8').on('data', (d: string) => (err += d));
+      const exited = new Promise<number | null>((resolve) => child.on('close', resolve));
+      await new Promise<void>((resolve, reject) => {
+        const timer = setTimeout(() => reject(new Error(`our server did not listen: ${err}`)), 20_000);
+        child.stdout?.setEncoding('utf8').on('data', (d: string) => {
+          out += d;
+          if (out.includes('rdma_listen')) {
+            clearTimeout(timer);
+            resolve();
+          }
+        });
+        void exited.then(() => reject(new Error(`our server exited: ${err}`)));
       });
-      void exited.then(() => reject(new Error(`our server exited: ${err}`)));
-    });
-    const cli = await g.run(`rping -c -a ${hostIp} -p ${PORT} -C ${COUNT} -v -V`, { timeoutMs: 60_000 });
-    const timer = setTimeout(() => child.kill('SIGKILL'), 20_000);
-    const code = await exited;
-    clearTimeout(timer);
+      const cli = await g.run(`rping -c -a ${hostIp} -p ${PORT} -C ${COUNT} -v -V`, { timeoutMs: 60_000 });
+      const timer = setTimeout(() => child.kill('SIGKILL'), 20_000);
+      const code = await exited;
+      clearTimeout(timer);
+      return { cli, code, out, err };
+    };
+    let r = await attempt();
+    // rping 44 (Debian 12) has a teardown race of its own: its CM thread goes back to
+    // rdma_get_cm_event after the DISCONNECTED event while main destroys the event channel, and
+    // exits 255 on EBADF (later rping stops that thread through an eventfd first). Only that
+    // signature, after a complete exchange and a clean exit of ours, is run again, once.
+    if (r.cli.code === 255 && r.code === 0 && /DISCONNECT EVENT[\s\S]*rdma_get_cm_event: Bad file descriptor/.test(r.cli.stdout)) {
+      t.comment(`rping -c hit its own teardown race (exit 255 on EBADF after the disconnect): running the cell again`);
+      r = await attempt();
+    }
+    const { cli, code, out, err } = r;
     const pass = cli.code === 0 && code === 0;
     t.equal(cli.code, 0, 'rping -c exits 0', { output: cli.stdout, ours: err });
     t.same(cli.stdout.split('\n').map((l) => l.trim()).filter((l) => l.startsWith('ping data: ')), pingLines('ping data: ', COUNT), 'rping prints the data we wrote back');
