@@ -98,6 +98,8 @@ export class QueuePair implements EngineContext {
    * for, or -1 (src/runtime/device.ts, `kick`). A field rather than a device map: it is read on every kick.
    */
   timerAt = -1;
+  /** Also the runtime's: whether the device still holds this QP (destroyQp clears it). Read on every run and kick. */
+  attached = false;
 
   constructor(init: QpInit) {
     this.qpn = init.qpn;
