@@ -51,6 +51,8 @@ export class Completer {
   rnrRetry = 0;
   /** A NAK- or timeout-driven retry is under way with no progress since (rxe started_retry). */
   private startedRetry = false;
+  /** The PSN of the last response older than comp PSN, or -1 (see onResponse). */
+  private staleReadPsn = -1;
 
   reset(sqPsn: Psn, retryCnt: number, rnrRetry: number): void {
     this.psn = sqPsn;
@@ -58,12 +60,14 @@ export class Completer {
     this.retryCnt = retryCnt;
     this.rnrRetry = rnrRetry;
     this.startedRetry = false;
+    this.staleReadPsn = -1;
   }
 
   private resetRetryCounters(ctx: EngineContext): void {
     this.retryCnt = ctx.attrs.retryCnt;
     this.rnrRetry = ctx.attrs.rnrRetry;
     this.startedRetry = false;
+    this.staleReadPsn = -1;
   }
 
   private advanceTo(psn: Psn): void {
@@ -107,6 +111,19 @@ export class Completer {
       if (diff < 0) {
         // Older than anything outstanding: a duplicate ACK or a replayed response.
         ctx.counters.staleResponse++;
+        // During a retry, the responder may still be replaying an earlier re-request of this READ
+        // (it answers in order, a stream to its end), whose data we have since received. It is
+        // working through our requests: while such a replay advances, the timer restarts, as for
+        // responses past a gap. Otherwise every timeout during a long replay queued one more replay
+        // behind it, faster than the responder could send them: against rxe under load, a 1 MiB
+        // READ at MTU 256 re-requested every 67 ms for minutes and never completed. A response
+        // repeated without advancing still does not hold the timer.
+        if (this.startedRetry && info.kind === 'readResponse' && wqe.opcode === 'RDMA_READ' &&
+            psnDiff(psn, wqe.firstPsn) >= 0 && (this.staleReadPsn < 0 || psnDiff(psn, this.staleReadPsn) > 0)) {
+          this.staleReadPsn = psn;
+          return PROGRESS;
+        }
+        this.staleReadPsn = psn;
         return progressed ? PROGRESS : NONE;
       }
       if (diff > 0 && wqe.readOrAtomic) {

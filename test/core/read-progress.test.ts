@@ -139,3 +139,44 @@ t.test('duplicates of answered responses do not hold the timer', async (t) => {
   t.ok(now - last <= TIMEOUT + STEP, `timed out ${now - last} µs after the last new response (timeout ${TIMEOUT} µs)`);
   t.same(r.requests.map((p) => p.bth.psn), [S, S + 5]);
 });
+
+t.test('a replay of an earlier re-request, stale by now, holds the timer while it advances: no re-request per timeout behind it', async (t) => {
+  const r = start();
+  /** Responses `from` … `to - 1`, one every STEP µs from `t0`; returns the time after. */
+  const deliver = (from: number, to: number, t0: number): number => {
+    let now = t0;
+    for (let k = from; k < to; k++) {
+      now += STEP;
+      r.h.now = now;
+      tick(r);
+      respond(r, k, now);
+    }
+    return now;
+  };
+  /** Lets the ACK timer run out (it is decided one run after its deadline) and returns the time after. */
+  const timeout = (t0: number): number => {
+    r.h.now = t0 + TIMEOUT + STEP;
+    tick(r);
+    r.h.now += STEP;
+    tick(r);
+    return r.h.now;
+  };
+  // Responses 0..19 arrive, the rest of the stream is lost; two timeouts pass before the peer
+  // answers anything else, so two re-requests from the gap wait at the peer (rxe answers in order).
+  let now = deliver(0, 20, 0);
+  now = timeout(now);
+  now = timeout(now);
+  t.same(r.requests.map((p) => p.bth.psn), [S, S + 20, S + 20], 'two timeouts, two re-requests from the gap');
+  // The replay of the first: 20..99 arrive, the rest is lost; a timeout later the QP asks from 100.
+  now = deliver(20, 100, now);
+  now = timeout(now);
+  t.same(r.requests.map((p) => p.bth.psn), [S, S + 20, S + 20, S + 100], 'then once from 100');
+  const timeouts = r.h.counters.ackTimeouts;
+  // The replay of the second: 20..99 are stale by now (80 responses, two timeouts long), then 100.. are new.
+  t.ok(80 * STEP > 1.5 * TIMEOUT, 'the stale part outlasts a timeout');
+  now = deliver(20, NPKTS, now);
+  t.equal(r.h.counters.ackTimeouts, timeouts, 'no timeout while the stale replay advances');
+  t.same(r.requests.map((p) => p.bth.psn), [S, S + 20, S + 20, S + 100], 'nothing more was re-requested');
+  t.match(r.h.scq.poll(2), [{ wrId: 1, status: 'SUCCESS', byteLen: NPKTS * MTU }]);
+  t.same(r.dst.buffer, r.data);
+});
