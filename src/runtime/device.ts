@@ -97,6 +97,7 @@ export class Device {
   private readonly io: QpIo;
   private readonly rxInfo: RxInfo = { srcAddress: '', dstAddress: '', udpLength: 0 };
   private readonly ackRecord = newAckRecord();
+  private ackRecordInUse = false;
   /** QP1 and the CM agent it feeds; created at open, as a kernel does for every port. */
   readonly gsi: Gsi;
 
@@ -282,8 +283,14 @@ export class Device {
   receive(payload: Uint8Array, meta: RxMeta): void {
     if (this.closed) return;
     // A plain ACK is parsed into one reused record: with many connections it is one packet in two
-    // (one per message each way), and the engines read a response packet only during the call.
-    if (parseAckInto(payload, 0, payload.length, this.ackRecord)) return this.deliver(payload, meta, this.ackRecord, ACK_INFO);
+    // (one per message each way), and the engines read a response packet only during the call. A
+    // receive nested in that call (a completion hook feeding the device at once) gets its own record.
+    if (!this.ackRecordInUse && parseAckInto(payload, 0, payload.length, this.ackRecord)) {
+      this.ackRecordInUse = true;
+      this.deliver(payload, meta, this.ackRecord, ACK_INFO);
+      this.ackRecordInUse = false;
+      return;
+    }
     const parsed = parsePacket(payload, 0, payload.length);
     if (!parsed.ok) return this.drop('malformed', `${parsed.error}: ${parsed.detail}`);
     this.deliver(payload, meta, parsed.packet, parsed.info);
