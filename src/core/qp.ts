@@ -98,14 +98,6 @@ export class QueuePair implements EngineContext {
    * for, or -1 (src/runtime/device.ts, `kick`). A field rather than a device map: it is read on every kick.
    */
   timerAt = -1;
-  /** Also the runtime's: whether the device still holds this QP (destroyQp clears it). Read on every run and kick. */
-  attached = false;
-  /**
-   * False only while the responder is known to have nothing to send: set after a run found it idle,
-   * cleared by every request, the only way it gets work. A QP that only initiates then skips its
-   * responder in `poll` and `pollAt`: with thousands of QPs, two more objects cold in cache per message.
-   */
-  private responderBusy = true;
 
   constructor(init: QpInit) {
     this.qpn = init.qpn;
@@ -348,7 +340,6 @@ export class QueuePair implements EngineContext {
   onPacket(now: Micros, pkt: RocePacket, info: OpcodeInfo, rx: RxInfo): void {
     this.now = now;
     if (info.request) {
-      this.responderBusy = true;
       const out = this.responder.onRequest(this, this.rq, pkt, info, rx);
       if (out.kind === 'fatal') this.fail(`responder: ${out.reason}`);
       return;
@@ -390,16 +381,12 @@ export class QueuePair implements EngineContext {
       if (r.error) this.failSend(r.error.wqe, r.error.status, 0, 'local error');
       if (this.type !== 'RC') this.retireDone();
     }
-    if (this.responderBusy) {
-      const resp = this.responder;
-      // The coalesced ACK of the receive batch, after our own requests (a reply goes out first).
-      if (resp.hasAck) {
-        resp.flushAck(this);
-        sent++;
-      }
-      if (st === 'RTR' || st === 'RTS' || st === 'SQD' || st === 'SQE') sent += resp.emitReads(this, budget - sent);
-      this.responderBusy = resp.hasAck || resp.hasWork;
+    // The coalesced ACK of the receive batch, after our own requests (a reply goes out first).
+    if (this.responder.hasAck) {
+      this.responder.flushAck(this);
+      sent++;
     }
+    if (st === 'RTR' || st === 'RTS' || st === 'SQD' || st === 'SQE') sent += this.responder.emitReads(this, budget - sent);
     this.checkSqDrained();
     return sent;
   }
@@ -416,7 +403,7 @@ export class QueuePair implements EngineContext {
       if (at <= this.now) return ASAP;
       t = earliest(at, this.cc.timerAt());
     }
-    if (this.responderBusy && (this.responder.hasAck || (this.responder.hasWork && st !== 'ERR' && st !== 'RESET'))) return ASAP;
+    if (this.responder.hasAck || (this.responder.hasWork && st !== 'ERR' && st !== 'RESET')) return ASAP;
     if (this.ackExpired && this.ackDeadline !== undefined) return ASAP;
     t = earliest(t, this.rnrUntil);
     t = earliest(t, this.ackDeadline);
