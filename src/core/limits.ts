@@ -11,6 +11,20 @@ export const MAX_UNACKED_PSNS = 128;
 export const MAX_PKT_PER_ACK = 64;
 
 /**
+ * How far the local ACK timer stretches, as a power of two of the QP's `timeout`: it runs for
+ * at least that, twice the smoothed time a response takes, and doubles after each timeout without
+ * progress since, never past 2^MAX_ACK_BACKOFF times `timeout`. A peer that is slow rather than
+ * lossy (a busy software responder answers a window long after it arrived) otherwise gets the whole
+ * window again at every timeout, queued behind the copies it has not read yet, which makes it slower
+ * still: against rxe under TCG with four transfers at once, a window of 128 packets was ACKed
+ * 100–250 ms after it left, the 67 ms timer (perftest's default) went back N two or three times per
+ * window, every duplicate drew a duplicate ACK, and 1 MiB SENDs that take 3 s alone took 20–45 s.
+ * Four times `timeout` at most, so a QP still gives up on a dead peer within a bounded multiple of
+ * what its user asked for.
+ */
+export const MAX_ACK_BACKOFF = 2;
+
+/**
  * Packets one QP emits per poll before yielding to the event loop. node's UDP receive path
  * reads at most 32 datagrams per socket per loop turn, so a longer burst between turns only
  * fills (and overflows) the peer's socket buffer when both ends share a process.

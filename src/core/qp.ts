@@ -22,7 +22,7 @@ import type { Counters } from './counters.js';
 import type { CompletionQueue } from './cq.js';
 import { InvalidWrError, QpStateError, QueueFullError } from './errors.js';
 import { connectedSourcePort, datagramSourcePort } from './flow.js';
-import { MAX_PKTS_PER_POLL } from './limits.js';
+import { MAX_ACK_BACKOFF, MAX_PKTS_PER_POLL } from './limits.js';
 import { sgeTotal, type MrTable, type ProtectionDomain } from './mr.js';
 import { checkModify, maskFromAttr, mtuBytes } from './qp-state.js';
 import { isReadOrAtomic, Requester, WR_OPCODES_FOR } from './requester.js';
@@ -85,6 +85,13 @@ export class QueuePair implements EngineContext {
   private ackDeadline: Micros | undefined;
   /** The ACK deadline passed on the last run; the timeout is decided on the next (see poll). */
   private ackExpired = false;
+  /** Timeouts in a row without progress, up to MAX_ACK_BACKOFF: the timer runs 2^this × its base. */
+  private ackBackoff = 0;
+  /** Smoothed time (µs) from sending a request to the response that acknowledges it; 0 until measured. */
+  private srttUs = 0;
+  /** The PSN being timed, first sent at `rttSentAt`, or -1 (Karn: a retry discards the sample). */
+  private rttPsn = -1;
+  private rttSentAt = 0;
   private rnrUntil: Micros | undefined;
   private rnrFrom = 0;
   private sqdNotifyPending = false;
@@ -140,6 +147,9 @@ export class QueuePair implements EngineContext {
         this.requester.reset(0, this.sq.head);
         this.completer.reset(0, 0, 0);
         this.ackDeadline = undefined;
+        this.ackBackoff = 0;
+        this.srttUs = 0;
+        this.rttPsn = -1;
         this.rnrUntil = undefined;
         break;
       case 'RTR':
@@ -368,15 +378,24 @@ export class QueuePair implements EngineContext {
       } else {
         this.ackExpired = false;
         this.ackDeadline = undefined;
-        if (this.outstanding()) this.apply(now, this.completer.onTimeout(this, this.sq));
+        if (this.outstanding()) {
+          if (this.ackBackoff < MAX_ACK_BACKOFF) this.ackBackoff++;
+          this.apply(now, this.completer.onTimeout(this, this.sq));
+        }
       }
     }
     let sent = 0;
     const st = this._state;
     this.cc?.onTimer(now);
     if ((st === 'RTS' || st === 'SQD') && this.rnrUntil === undefined) {
+      const high = this.requester.sentHigh;
       const r = this.cc ? this.cc.emit(now, budget) : this.requester.emit(this, this.sq, this.completer.psn, budget);
       sent += r.sent;
+      // Times the first PSN sent for the first time (a READ's first response answers it).
+      if (r.expectsResponse && this.rttPsn < 0 && this.requester.sentHigh !== high) {
+        this.rttPsn = high;
+        this.rttSentAt = now;
+      }
       if (r.expectsResponse && this.ackDeadline === undefined) this.armAckTimer(now);
       if (r.error) this.failSend(r.error.wqe, r.error.status, 0, 'local error');
       if (this.type !== 'RC') this.retireDone();
@@ -431,7 +450,8 @@ export class QueuePair implements EngineContext {
 
   private armAckTimer(now: Micros): void {
     const t = ackTimeoutUs(this.attrs.timeout);
-    this.ackDeadline = t === undefined ? undefined : now + t;
+    this.ackDeadline = t === undefined ? undefined
+      : now + Math.min(Math.max(t, 2 * this.srttUs) * (1 << this.ackBackoff), t * (1 << MAX_ACK_BACKOFF));
     this.ackExpired = false;
   }
 
@@ -440,7 +460,13 @@ export class QueuePair implements EngineContext {
       case 'none':
         return;
       case 'progress':
-        // rxe UPDATE_COMP: restart the timer while anything is outstanding.
+        // rxe UPDATE_COMP: restart the timer while anything is outstanding, at its own length.
+        this.ackBackoff = 0;
+        if (this.rttPsn >= 0 && psnDiff(this.completer.psn, this.rttPsn) > 0) {
+          const sample = now - this.rttSentAt;
+          this.srttUs = this.srttUs === 0 ? sample : this.srttUs + (sample - this.srttUs) / 8;
+          this.rttPsn = -1;
+        }
         if (this.outstanding()) this.armAckTimer(now);
         else this.ackDeadline = undefined;
         this.checkSqDrained();
@@ -448,8 +474,10 @@ export class QueuePair implements EngineContext {
       case 'retry':
         this.requester.rewind(this.sq, a.from);
         this.ackDeadline = undefined;
+        this.rttPsn = -1;
         return;
       case 'rnrWait':
+        this.rttPsn = -1;
         this.rnrFrom = a.from;
         this.rnrUntil = now + a.delayUs;
         this.ackDeadline = undefined;

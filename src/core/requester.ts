@@ -95,6 +95,11 @@ export class Requester {
   rdAtomicOutstanding = 0;
   /** One past the highest PSN ever sent: anything below it is a retransmission. */
   private highPsn: Psn = 0;
+
+  /** One past the highest PSN ever sent (the QP times its responses from here). */
+  get sentHigh(): Psn {
+    return this.highPsn;
+  }
   private noackPkts = 0;
   private readonly hb = SHARED_HEADER_BUILDER;
   private readonly f = blankFields();

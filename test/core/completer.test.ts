@@ -116,7 +116,7 @@ t.test('RNR retry 0: RNR_RETRY_EXC_ERR at the first RNR NAK', async (t) => {
   t.match(h.scq.poll(1), [{ status: 'RNR_RETRY_EXC_ERR' }]);
 });
 
-t.test('ACK timeout: 4.096 µs × 2^timeout, go-back-N, RETRY_EXC_ERR after retryCnt', async (t) => {
+t.test('ACK timeout: 4.096 µs × 2^timeout, doubling per timeout in a row, go-back-N, RETRY_EXC_ERR after retryCnt', async (t) => {
   const h = new EngineHarness('RC', { timeout: 10, retryCnt: 2 });
   sendWr(h, 1, 300);
   t.equal(h.poll(0).length, 2);
@@ -124,12 +124,34 @@ t.test('ACK timeout: 4.096 µs × 2^timeout, go-back-N, RETRY_EXC_ERR after retr
   t.equal(h.qp.pollAt(), to);
   t.same(h.poll(to - 1), []);
   t.same(h.names(h.poll(to)), ['SEND_FIRST@100', 'SEND_LAST@101!'], 'first retry');
-  t.same(h.names(h.poll(2 * to)), ['SEND_FIRST@100', 'SEND_LAST@101!'], 'second retry');
-  t.same(h.poll(3 * to), [], 'no third');
+  t.equal(h.qp.pollAt(), to + 2 * to, 'no progress since: the timer runs twice as long');
+  t.same(h.poll(3 * to - 1), []);
+  t.same(h.names(h.poll(3 * to)), ['SEND_FIRST@100', 'SEND_LAST@101!'], 'second retry');
+  t.equal(h.qp.pollAt(), 3 * to + 4 * to, 'four times as long');
+  t.same(h.poll(7 * to), [], 'no third');
   t.match(h.scq.poll(1), [{ status: 'RETRY_EXC_ERR' }]);
   t.equal(h.counters.retryExceeded, 1);
   t.equal(h.counters.ackTimeouts, 3);
   t.equal(h.qp.state, 'ERR');
+});
+
+t.test('the ACK timer backs off to four times its length at most, and progress restores it', async (t) => {
+  const h = new EngineHarness('RC', { timeout: 10, retryCnt: 6 });
+  sendWr(h, 1, 100 * 256, 'RDMA_WRITE');
+  h.poll(0);
+  const to = ackTimeoutUs(10)!;
+  let at = 0;
+  const gaps: number[] = [];
+  for (let k = 0; k < 5; k++) {
+    const next = h.qp.pollAt()!;
+    gaps.push(Math.round((next - at) / to));
+    h.poll(next);
+    at = next;
+  }
+  t.same(gaps, [1, 2, 4, 4, 4], 'T, 2T, 4T, then 4T');
+  t.equal(h.counters.ackTimeouts, 5);
+  h.send(ack(S + 63), at + 10);
+  t.equal(h.qp.pollAt(), at + 10 + to, 'an ACK that advances: back to T');
 });
 
 t.test('a partial ACK restarts the timer and the retry counter', async (t) => {
@@ -141,6 +163,41 @@ t.test('a partial ACK restarts the timer and the retry counter', async (t) => {
   h.send(ack(S + 63), to + 10);
   t.equal(h.qp.completer.retryCnt, 1, 'progress resets retryCnt');
   t.equal(h.qp.pollAt(), to + 10 + to, 'timer restarted by progress');
+});
+
+t.test('a peer that answers late but surely: the ACK timer stretches to twice its response time, not past 4×', async (t) => {
+  const h = new EngineHarness('RC', { timeout: 10, retryCnt: 2 });
+  const to = ackTimeoutUs(10)!;
+  // Message 1 is ACKed 0.75 T after it left: that is the QP's response time from now on.
+  sendWr(h, 1, 300);
+  h.poll(0);
+  h.send(ack(S + 1), 0.75 * to);
+  t.match(h.scq.poll(1), [{ wrId: 1, status: 'SUCCESS' }]);
+  // Message 2 waits 1.5 T for its ACK, which comes at 1.2 T: no retry.
+  const t2 = 10 * to;
+  sendWr(h, 2, 300);
+  t.equal(h.poll(t2).length, 2);
+  t.equal(h.qp.pollAt(), t2 + 1.5 * to, 'twice the response time');
+  t.same(h.poll(t2 + 1.2 * to), [], 'not timed out at 1.2 T');
+  h.send(ack(S + 3), t2 + 1.2 * to);
+  t.match(h.scq.poll(1), [{ wrId: 2, status: 'SUCCESS' }]);
+  t.equal(h.counters.ackTimeouts, 0);
+  // Message 3 is never answered. The response time is now 0.75 + (1.2 - 0.75) / 8 T: the timer runs
+  // twice that, then doubles per timeout, but never past 4 T.
+  const srtt = 0.75 + (1.2 - 0.75) / 8;
+  const t3 = 20 * to;
+  sendWr(h, 3, 300);
+  h.poll(t3);
+  const gaps: number[] = [];
+  let at = t3;
+  for (let k = 0; k < 3; k++) {
+    const next = h.qp.pollAt()!;
+    gaps.push(Number(((next - at) / to).toFixed(4)));
+    h.poll(next);
+    at = next;
+  }
+  t.same(gaps, [2 * srtt, 4 * srtt, 4].map((g) => Number(g.toFixed(4))), 'timeouts after 2·srtt, 4·srtt, then 4 T (the cap)');
+  t.match(h.scq.poll(1), [{ wrId: 3, status: 'RETRY_EXC_ERR' }]);
 });
 
 t.test('maxRdAtomic bounds outstanding READs; fence waits for them', async (t) => {

@@ -153,9 +153,12 @@ t.test('a replay of an earlier re-request, stale by now, holds the timer while i
     }
     return now;
   };
-  /** Lets the ACK timer run out (it is decided one run after its deadline) and returns the time after. */
-  const timeout = (t0: number): number => {
-    r.h.now = t0 + TIMEOUT + STEP;
+  /**
+   * Lets the ACK timer run out (it is decided one run after its deadline) and returns the time
+   * after; `times` is its length in timeouts (it doubles after a timeout without progress).
+   */
+  const timeout = (t0: number, times = 1): number => {
+    r.h.now = t0 + times * TIMEOUT + STEP;
     tick(r);
     r.h.now += STEP;
     tick(r);
@@ -165,7 +168,7 @@ t.test('a replay of an earlier re-request, stale by now, holds the timer while i
   // answers anything else, so two re-requests from the gap wait at the peer (rxe answers in order).
   let now = deliver(0, 20, 0);
   now = timeout(now);
-  now = timeout(now);
+  now = timeout(now, 2);
   t.same(r.requests.map((p) => p.bth.psn), [S, S + 20, S + 20], 'two timeouts, two re-requests from the gap');
   // The replay of the first: 20..99 arrive, the rest is lost; a timeout later the QP asks from 100.
   now = deliver(20, 100, now);
