@@ -55,6 +55,8 @@ export interface ScaleResult {
   msgs: number;
   bytes: number;
   seconds: number;
+  /** The initiator's CPU time (user + system) inside the window, µs; 0 for the target. */
+  cpuUs: number;
   drained: boolean;
   health: Record<string, number>;
 }
@@ -102,7 +104,7 @@ async function scaleSide(args: ScaleArgs, ctx: ChildContext, me: 'tx' | 'rx'): P
     const heapPerQp = (heap1 - heap0) / args.n;
     if (me === 'rx') {
       await ctx.stopped;
-      return { heapPerQp, setupMs, msgs: 0, bytes: 0, seconds: 0, drained: true, health: healthOf(s) };
+      return { heapPerQp, setupMs, msgs: 0, bytes: 0, seconds: 0, cpuUs: 0, drained: true, health: healthOf(s) };
     }
     await settle();
     const wr: SendWr = { wrId: 1, opcode: 'RDMA_WRITE', sgList: [region.sge(0, SIZE)], rdma: remote };
@@ -157,6 +159,8 @@ export async function run(opts: SuiteOptions): Promise<BenchRow[]> {
         heapRx: rx.heapPerQp,
         setupMs: Math.max(tx.setupMs, rx.setupMs),
         retrans: tx.health['retransPkts'] ?? 0,
+        // What a message costs the initiator (user + system): steadier than goodput on a shared machine.
+        cpuPerMsg: tx.cpuUs / tx.msgs,
       };
     },
   }));
@@ -183,7 +187,7 @@ export async function run(opts: SuiteOptions): Promise<BenchRow[]> {
     else rows.push(row);
     if (n > 1) heapRows.push({ name: heapRowName(n), value: o.medians['heapTx']!, unit: 'B' });
     const retrans = o.rounds.reduce((a, x) => a + (x['retrans'] ?? 0), 0);
-    opts.log?.(`${qpLabel(n)}: heap per idle QP ${Math.round(o.medians['heapTx']!)} B (initiator), ${Math.round(o.medians['heapRx']!)} B (target); setup ${Math.round(o.medians['setupMs']!)} ms; ${retrans} retransmitted packets over ${o.rounds.length} rounds`);
+    opts.log?.(`${qpLabel(n)}: heap per idle QP ${Math.round(o.medians['heapTx']!)} B (initiator), ${Math.round(o.medians['heapRx']!)} B (target); setup ${Math.round(o.medians['setupMs']!)} ms; initiator CPU ${o.medians['cpuPerMsg']!.toFixed(2)} µs per message; ${retrans} retransmitted packets over ${o.rounds.length} rounds`);
   });
   return [...heapRows, ...rows];
 }

@@ -286,14 +286,16 @@ export function createAh(_pd: Pd, attr: AhAttr): AddressHandle {
 
 export function postSend(qp: Qp, wr: SendWr | readonly SendWr[]): void {
   const d = qp.device;
-  qp.core.postSend(d.now(), Array.isArray(wr) ? wr : [wr as SendWr]);
-  d.kick(qp.core);
+  const now = d.now();
+  qp.core.postSend(now, Array.isArray(wr) ? wr : [wr as SendWr]);
+  d.kick(qp.core, now);
 }
 
 export function postRecv(qp: Qp, wr: RecvWr | readonly RecvWr[]): void {
   const d = qp.device;
-  qp.core.postRecv(d.now(), Array.isArray(wr) ? wr : [wr as RecvWr]);
-  d.kick(qp.core);
+  const now = d.now();
+  qp.core.postRecv(now, Array.isArray(wr) ? wr : [wr as RecvWr]);
+  d.kick(qp.core, now);
 }
 
 export function pollCq(cq: Cq, max = 1): WorkCompletion[] {

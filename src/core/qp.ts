@@ -105,6 +105,14 @@ export class QueuePair implements EngineContext {
    * for, or -1 (src/runtime/device.ts, `kick`). A field rather than a device map: it is read on every kick.
    */
   timerAt = -1;
+  /** Also the runtime's: whether the device still holds this QP (destroyQp clears it). Read on every run and kick. */
+  attached = false;
+  /**
+   * False only while the responder is known to have nothing to send: set after a run found it idle,
+   * cleared by every request, the only way it gets work. A QP that only initiates then skips its
+   * responder in `poll` and `pollAt`: with thousands of QPs, two more objects cold in cache per message.
+   */
+  private responderBusy = true;
 
   constructor(init: QpInit) {
     this.qpn = init.qpn;
@@ -350,6 +358,7 @@ export class QueuePair implements EngineContext {
   onPacket(now: Micros, pkt: RocePacket, info: OpcodeInfo, rx: RxInfo): void {
     this.now = now;
     if (info.request) {
+      this.responderBusy = true;
       const out = this.responder.onRequest(this, this.rq, pkt, info, rx);
       if (out.kind === 'fatal') this.fail(`responder: ${out.reason}`);
       return;
@@ -400,12 +409,16 @@ export class QueuePair implements EngineContext {
       if (r.error) this.failSend(r.error.wqe, r.error.status, 0, 'local error');
       if (this.type !== 'RC') this.retireDone();
     }
-    // The coalesced ACK of the receive batch, after our own requests (a reply goes out first).
-    if (this.responder.hasAck) {
-      this.responder.flushAck(this);
-      sent++;
+    if (this.responderBusy) {
+      const resp = this.responder;
+      // The coalesced ACK of the receive batch, after our own requests (a reply goes out first).
+      if (resp.hasAck) {
+        resp.flushAck(this);
+        sent++;
+      }
+      if (st === 'RTR' || st === 'RTS' || st === 'SQD' || st === 'SQE') sent += resp.emitReads(this, budget - sent);
+      this.responderBusy = resp.hasAck || resp.hasWork;
     }
-    if (st === 'RTR' || st === 'RTS' || st === 'SQD' || st === 'SQE') sent += this.responder.emitReads(this, budget - sent);
     this.checkSqDrained();
     return sent;
   }
@@ -422,7 +435,7 @@ export class QueuePair implements EngineContext {
       if (at <= this.now) return ASAP;
       t = earliest(at, this.cc.timerAt());
     }
-    if (this.responder.hasAck || (this.responder.hasWork && st !== 'ERR' && st !== 'RESET')) return ASAP;
+    if (this.responderBusy && (this.responder.hasAck || (this.responder.hasWork && st !== 'ERR' && st !== 'RESET'))) return ASAP;
     if (this.ackExpired && this.ackDeadline !== undefined) return ASAP;
     t = earliest(t, this.rnrUntil);
     t = earliest(t, this.ackDeadline);

@@ -81,10 +81,13 @@ export type RequesterBlock = 'empty' | 'state' | 'fence' | 'rdAtomic' | 'window'
 export interface EmitResult {
   sent: number;
   /** A WQE failed a local check; the QP completes it with this status and leaves RTS. */
-  error?: { wqe: SendWqe; status: WcStatus };
+  error?: { wqe: SendWqe; status: WcStatus } | undefined;
   /** At least one packet that expects a response went out (RC): the ACK timer should run. */
   expectsResponse: boolean;
 }
+
+const REQUEST_FIELDS = blankFields();
+const REQUEST_PARTS: Uint8Array[] = [];
 
 export class Requester {
   /** Next PSN to send. */
@@ -102,8 +105,12 @@ export class Requester {
   }
   private noackPkts = 0;
   private readonly hb = SHARED_HEADER_BUILDER;
-  private readonly f = blankFields();
-  private readonly parts: Uint8Array[] = [];
+  // Scratch shared by every requester of the process, as the header builder is (its comment says why
+  // that is safe): with thousands of QPs taking turns, a record and a list of each QP's own were
+  // cold in cache at every packet.
+  private readonly f = REQUEST_FIELDS;
+  private readonly parts = REQUEST_PARTS;
+  private readonly res: EmitResult = { sent: 0, expectsResponse: false, error: undefined };
 
   reset(sqPsn: Psn, sqHead: number): void {
     this.psn = sqPsn;
@@ -131,7 +138,12 @@ export class Requester {
 
   /** Sends up to `budget` packets. */
   emit(ctx: EngineContext, sq: WorkQueue<SendWqe>, compPsn: Psn, budget: number): EmitResult {
-    const res: EmitResult = { sent: 0, expectsResponse: false };
+    // One record per requester, read by the caller before the next emit: a run per message with
+    // thousands of QPs made a fresh one per message.
+    const res = this.res;
+    res.sent = 0;
+    res.expectsResponse = false;
+    res.error = undefined;
     while (res.sent < budget) {
       if (this.blocked(ctx, sq, compPsn) !== undefined) break;
       const wqe = sq.at(this.cursor)!;

@@ -72,6 +72,10 @@ const MAX_TRAIN_BYTES = 65507 - 128;
 export const RX_SLOT = 9216;
 /** Receive slot with UDP GRO: the largest UDP payload, which is what a coalesced train can be. */
 export const RX_SLOT_GRO = 65536;
+/** Send ring views kept for reuse (`TxRing.view`): the datagrams of a busy task, not every ACK of a full ring. */
+const MAX_CACHED_VIEWS = 1024;
+/** The most segments the kernel puts in one UDP GRO train (UDP_GRO_CNT_MAX). */
+const MAX_CACHED_SEGMENTS = 64;
 
 /** CMSG_SPACE(sizeof(int)): room for the UDP_GRO segment size. */
 const CMSG_INT = 24;
@@ -304,6 +308,9 @@ export class TxRing {
   readonly base: number;
   private readonly mem: { address: bigint; view: ArrayBuffer };
   private next = 0;
+  /** Datagrams taken since the last `flushAll`, and the views `view` made of them, by that number. */
+  private count = 0;
+  private readonly views: (Uint8Array | undefined)[] = [];
   private readonly queues = new Set<TxQueue>();
   private flushQueued = false;
   private disposed = false;
@@ -327,7 +334,23 @@ export class TxRing {
   take(len: number): number {
     const at = this.next;
     this.next += len;
+    this.count++;
     return at;
+  }
+
+  /**
+   * The bytes of the datagram just taken at `at` (`len` of them), as a view: for one CRC call over
+   * it. Every task lays its datagrams out from offset 0 again, and a stream of one size falls on the
+   * same places task after task, so the view made for the k-th datagram is kept and reused while its
+   * place and length match: making a view per datagram cost more than the header's own CRC pass.
+   */
+  view(at: number, len: number): Uint8Array {
+    const k = this.count - 1;
+    const v = this.views[k];
+    if (v !== undefined && v.byteOffset === at && v.length === len) return v;
+    const fresh = new Uint8Array(this.mem.view, at, len);
+    if (k < MAX_CACHED_VIEWS) this.views[k] = fresh;
+    return fresh;
   }
 
   tryTake(len: number): number {
@@ -352,6 +375,7 @@ export class TxRing {
     for (const q of this.queues) q.flush();
     this.queues.clear();
     this.next = 0;
+    this.count = 0;
   }
 
   /** After close: nothing more is sent (a flush already scheduled does nothing). */
@@ -361,7 +385,11 @@ export class TxRing {
   }
 }
 
-/** Where `RxRing` delivers: a datagram (a view of a slot), its source, and whether it was truncated. */
+/**
+ * Where `RxRing` delivers: a datagram (a view of a slot), its source, and whether it was truncated.
+ * The view's bytes are the next `recvmmsg`'s to overwrite, and so may the view object be: one with
+ * the same place and length is handed out again (see `RxRing.view`). Keep a copy, not the view.
+ */
 export type RxDeliver = (datagram: Uint8Array, srcAddr: Uint8Array, srcPort: number, truncated: boolean) => void;
 
 /**
@@ -377,6 +405,8 @@ export class RxRing {
   private readonly dv: DataView;
   private readonly slots: Uint8Array[] = [];
   private readonly names: Uint8Array[] = [];
+  /** Per slot, the views last handed out, by segment number (see `view`). */
+  private readonly views: Uint8Array[][] = [];
   private readonly poll: PollHandle;
   private closed = false;
 
@@ -416,6 +446,7 @@ export class RxRing {
       setWord(this.dv, iov, base + slot);
       setWord(this.dv, iov + 8, this.slotBytes);
       this.slots.push(new Uint8Array(this.mem.view, slot, this.slotBytes));
+      this.views.push([]);
       this.names.push(new Uint8Array(this.mem.view, name + (family === 4 ? 4 : 8), family === 4 ? 4 : 16));
     }
     // koffi calls this outside any node callback scope, so promise reactions and microtasks queued
@@ -464,11 +495,11 @@ export class RxRing {
         const train = seg > 0 && seg < len && !truncated;
         if (train) this.onTrain?.();
         const step = train ? seg : len;
-        const slot = this.slots[i]!;
         let o = 0;
+        let k = 0;
         do {
           const end = Math.min(o + step, len);
-          this.deliver(slot.subarray(o, end), this.names[i]!, port, truncated);
+          this.deliver(this.view(i, k++, o, end - o), this.names[i]!, port, truncated);
           o = end;
           budget--;
           if (++since >= ANSWER_EVERY) {
@@ -481,6 +512,21 @@ export class RxRing {
       this.after();
       if (r < want) break;
     }
+  }
+
+  /**
+   * Bytes `o … o + n` of slot `i`, segment `k` of its message. A view costs more to make than an
+   * ACK costs to check, and every train of one peer's ACKs or WRITEs is cut at the same places batch
+   * after batch: the view of the last such segment is handed out again when it still fits. That
+   * changes nothing for a handler: the bytes under any view are the next read's anyway.
+   */
+  private view(i: number, k: number, o: number, n: number): Uint8Array {
+    const cached = this.views[i]!;
+    const v = cached[k];
+    if (v !== undefined && v.length === n && v.byteOffset === this.slots[i]!.byteOffset + o) return v;
+    const fresh = this.slots[i]!.subarray(o, o + n);
+    if (k < MAX_CACHED_SEGMENTS) cached[k] = fresh;
+    return fresh;
   }
 
   /** Message `i`'s UDP_GRO segment size, or 0 when it carries one datagram. */

@@ -30,7 +30,10 @@ export class SystemClock implements Clock {
   }
 
   at(at: Micros, fn: () => void): TimerHandle {
-    const delayMs = Math.max(0, (at - this.now()) / 1000);
+    // Whole milliseconds: node keeps one timer list per distinct duration, so a fractional delay
+    // (every deadline is in µs) built a list, a map entry and a queue insertion per timer. Node's
+    // timers are millisecond-grained anyway; rounding up keeps them from firing early.
+    const delayMs = Math.max(0, Math.ceil((at - this.now()) / 1000));
     const t = setTimeout(fn, delayMs);
     t.unref?.();
     return { cancel: () => clearTimeout(t) };

@@ -13,12 +13,12 @@
  *    IP and UDP fields this layer does not see.
  */
 
-import { BTH_LEN, BTH_TVER, ICRC_LEN } from './constants.js';
+import { AETH_LEN, BTH_LEN, BTH_TVER, ICRC_LEN } from './constants.js';
 import { emitAeth, parseAeth, type Aeth } from './aeth.js';
 import { emitAtomicAckEth, emitAtomicEth, parseAtomicAckEth, parseAtomicEth, type AtomicAckEth, type AtomicEth } from './atomic.js';
 import { emitBth, parseBth, type Bth } from './bth.js';
 import { emitDeth, parseDeth, type Deth } from './deth.js';
-import { opcodeInfo, type OpcodeInfo } from './opcode.js';
+import { OPCODE, opcodeInfo, type OpcodeInfo } from './opcode.js';
 import { emitReth, parseReth, type Reth } from './reth.js';
 import { emitFeth, emitIeth, emitImmDt, parseFeth, parseIeth, parseImmDt, type Feth, type Ieth, type ImmDt } from './small.js';
 
@@ -54,6 +54,12 @@ export type PacketParse =
   | { ok: true; packet: RocePacket; info: OpcodeInfo }
   | { ok: false; error: PacketErrorCode; detail: string };
 
+/**
+ * The payload of every packet that has none (ACKs, READ requests, empty messages): a view costs as
+ * much to make as the rest of an ACK's parse, and an empty one can neither be written nor read.
+ */
+const NO_PAYLOAD = new Uint8Array(0);
+
 /** Pad bytes that round a payload up to a multiple of four (IBTA §9.2, PadCnt). */
 export const padFor = (payloadLength: number): number => (4 - (payloadLength & 3)) & 3;
 
@@ -80,7 +86,7 @@ export function parsePacket(b: Uint8Array, off = 0, len = b.length - off): Packe
   const end = off + len;
   const pkt: RocePacket = {
     bth,
-    payload: b.subarray(off + info.headerLength, off + info.headerLength + payloadLength),
+    payload: payloadLength === 0 ? NO_PAYLOAD : b.subarray(off + info.headerLength, off + info.headerLength + payloadLength),
     icrc: (b[end - 4]! | (b[end - 3]! << 8) | (b[end - 2]! << 16) | (b[end - 1]! << 24)) >>> 0,
   };
   const o = info.offsets;
@@ -93,6 +99,56 @@ export function parsePacket(b: Uint8Array, off = 0, len = b.length - off): Packe
   if (o.ImmDt !== undefined) pkt.immDt = parseImmDt(b, off + o.ImmDt);
   if (o.IETH !== undefined) pkt.ieth = parseIeth(b, off + o.IETH);
   return { ok: true, packet: pkt, info };
+}
+
+/** An RC ACKNOWLEDGE record that `parseAckInto` fills: the same fields `parsePacket` gives an ACK. */
+export type AckRecord = RocePacket & { aeth: Aeth };
+
+export function newAckRecord(): AckRecord {
+  return {
+    bth: { opcode: 0, se: false, m: false, padCount: 0, tver: 0, pkey: 0, fecn: false, becn: false, resv6: 0, destQp: 0, ackReq: false, resv7: 0, psn: 0 },
+    aeth: { syndrome: 0, msn: 0 },
+    payload: NO_PAYLOAD,
+    icrc: 0,
+  };
+}
+
+const RC_ACKNOWLEDGE = OPCODE['RC_ACKNOWLEDGE']!;
+/** The RC ACKNOWLEDGE opcode's table entry. */
+export const ACK_INFO: OpcodeInfo = opcodeInfo(RC_ACKNOWLEDGE)!;
+/** The one length of a well-formed ACK: BTH, AETH, ICRC. */
+export const ACK_LEN = BTH_LEN + AETH_LEN + ICRC_LEN;
+
+/**
+ * `parsePacket` for the packet a connection receives most of when it has many peers' messages in
+ * flight, one ACK per message: when `b[off … off + len)` is an RC ACKNOWLEDGE that `parsePacket`
+ * would accept (20 bytes, TVer 0, no pad), fills `rec` with what it would return and answers
+ * true; for anything else, false, and `rec` is unchanged (`parsePacket` then says what is wrong).
+ * No allocation: the caller reuses `rec`, which holds the packet only until its next call.
+ */
+export function parseAckInto(b: Uint8Array, off: number, len: number, rec: AckRecord): boolean {
+  if (len !== ACK_LEN || off < 0 || off + len > b.length || b[off] !== RC_ACKNOWLEDGE || (b[off + 1]! & 0x3f) !== BTH_TVER) return false;
+  const h = rec.bth;
+  const f = b[off + 1]!;
+  const e = b[off + 4]!;
+  const a = b[off + 8]!;
+  h.opcode = RC_ACKNOWLEDGE;
+  h.se = (f & 0x80) !== 0;
+  h.m = (f & 0x40) !== 0;
+  h.padCount = 0;
+  h.tver = 0;
+  h.pkey = (b[off + 2]! << 8) | b[off + 3]!;
+  h.fecn = (e & 0x80) !== 0;
+  h.becn = (e & 0x40) !== 0;
+  h.resv6 = e & 0x3f;
+  h.destQp = (b[off + 5]! << 16) | (b[off + 6]! << 8) | b[off + 7]!;
+  h.ackReq = (a & 0x80) !== 0;
+  h.resv7 = a & 0x7f;
+  h.psn = (b[off + 9]! << 16) | (b[off + 10]! << 8) | b[off + 11]!;
+  rec.aeth.syndrome = b[off + 12]!;
+  rec.aeth.msn = (b[off + 13]! << 16) | (b[off + 14]! << 8) | b[off + 15]!;
+  rec.icrc = (b[off + 16]! | (b[off + 17]! << 8) | (b[off + 18]! << 16) | (b[off + 19]! << 24)) >>> 0;
+  return true;
 }
 
 function fail(error: PacketErrorCode, detail: string): PacketParse {

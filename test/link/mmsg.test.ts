@@ -172,3 +172,28 @@ t.test('a refused message is counted per datagram and the rest still goes', asyn
   t.same(s.calls.map((c) => c.map((m) => m.at)), [[], [2200]], 'the second message is sent on its own call');
   t.same(s.spilled, []);
 });
+
+t.test('TxRing.view: the bytes of the datagram just taken; the view of a place is reused only while it fits', async (t) => {
+  const s = setup((vlen) => ({ r: vlen }));
+  const views: Uint8Array[] = [];
+  for (const [len, mark] of [[100, 1], [200, 2], [100, 3]] as const) {
+    const { at } = s.add(dstA, len, mark);
+    const v = s.ring.view(at, len);
+    t.equal(v.byteOffset, at);
+    t.equal(v.length, len);
+    t.ok(v.every((b) => b === mark), `datagram ${mark}: its own bytes`);
+    views.push(v);
+  }
+  s.ring.flushAll();
+  // The same layout again: the same views. A different one: new views where places or lengths moved.
+  const a = s.add(dstA, 100, 7);
+  t.equal(s.ring.view(a.at, 100), views[0], 'same place and length after a flush: the kept view');
+  const b = s.add(dstA, 150, 8);
+  const vb = s.ring.view(b.at, 150);
+  t.not(vb, views[1], 'another length: a new view');
+  t.ok(vb.length === 150 && vb.every((x) => x === 8), 'the new view holds the new datagram');
+  const c = s.add(dstA, 100, 9);
+  const vc = s.ring.view(c.at, 100);
+  t.equal(vc.byteOffset, 250, 'the third datagram moved with the second');
+  t.ok(vc.every((x) => x === 9));
+});

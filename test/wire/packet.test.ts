@@ -5,7 +5,7 @@ import { aethKind, aethValue, describeSyndrome, RNR_TIMER_US } from '../../src/w
 import { bthDestQp, bthPsn, setBthFecn } from '../../src/wire/bth.js';
 import { cnpPacket } from '../../src/wire/cnp.js';
 import { KNOWN_OPCODES } from '../../src/wire/opcode.js';
-import { emitPacket, packetLength, parsePacket, type RocePacket } from '../../src/wire/packet.js';
+import { emitPacket, newAckRecord, packetLength, parseAckInto, parsePacket, type RocePacket } from '../../src/wire/packet.js';
 import { formatPacket } from '../../src/wire/pretty.js';
 import { arbPacket, arbPacketOf } from '../helpers/arbitrary.js';
 
@@ -184,4 +184,36 @@ t.test('one-line printer', async (t) => {
     'RC_RDMA_WRITE_FIRST qp=0x000011 psn=0x1c4734 ack reth(va=0x7ff96912a000 rkey=0x00000245 len=65536) payload=4',
   );
   t.equal(formatPacket(parseOk('1100ffff00000012005d290a1f0000013f6f6d99')), 'RC_ACKNOWLEDGE qp=0x000012 psn=0x5d290a aeth(ACK (no credit limit) msn=1)');
+});
+
+t.test('parseAckInto: exactly the ACKs parsePacket accepts, with the same fields, into one reused record', async (t) => {
+  const rec = newAckRecord();
+  // Mostly ACK-shaped bytes (opcode 0x11, 20 bytes, TVer and pad often 0), some anything.
+  const arbBytes = fc.oneof(
+    fc.tuple(fc.uint8Array({ minLength: 20, maxLength: 20 }), fc.boolean(), fc.boolean()).map(([b, clean, op]) => {
+      if (op) b[0] = 0x11;
+      if (clean) b[1] = b[1]! & 0xc0;
+      return b;
+    }),
+    fc.uint8Array({ maxLength: 40 }),
+  );
+  let accepted = 0;
+  fc.assert(
+    fc.property(arbBytes, fc.nat(3), (bytes, off) => {
+      const buf = new Uint8Array(off + bytes.length);
+      buf.set(bytes, off);
+      const before = JSON.stringify(rec);
+      const ok = parseAckInto(buf, off, bytes.length, rec);
+      const ref = parsePacket(buf, off, bytes.length);
+      const isAck = ref.ok && ref.info.name === 'RC_ACKNOWLEDGE';
+      if (ok !== isAck) return false;
+      if (!ok) return JSON.stringify(rec) === before; // untouched
+      accepted++;
+      const p = (ref as { packet: RocePacket }).packet;
+      return JSON.stringify(rec.bth) === JSON.stringify(p.bth) && rec.aeth.syndrome === p.aeth!.syndrome && rec.aeth.msn === p.aeth!.msn &&
+        rec.icrc === p.icrc && rec.payload.length === 0 && p.payload.length === 0;
+    }),
+    { numRuns: 3000 },
+  );
+  t.ok(accepted > 300, `${accepted} ACKs compared field by field`);
 });
