@@ -397,11 +397,11 @@ export class QueuePair implements EngineContext {
     const st = this._state;
     this.cc?.onTimer(now);
     if ((st === 'RTS' || st === 'SQD') && this.rnrUntil === undefined) {
-      const high = this.requester.sentHigh;
+      const high = this.requester.highPsn;
       const r = this.cc ? this.cc.emit(now, budget) : this.requester.emit(this, this.sq, this.completer.psn, budget);
       sent += r.sent;
       // Times the first PSN sent for the first time (a READ's first response answers it).
-      if (r.expectsResponse && this.rttPsn < 0 && this.requester.sentHigh !== high) {
+      if (r.expectsResponse && this.rttPsn < 0 && this.requester.highPsn !== high) {
         this.rttPsn = high;
         this.rttSentAt = now;
       }

@@ -96,13 +96,8 @@ export class Requester {
   cursor = 0;
   /** Started READ/atomic WQEs not yet completed (IBTA: at most maxRdAtomic). */
   rdAtomicOutstanding = 0;
-  /** One past the highest PSN ever sent: anything below it is a retransmission. */
-  private highPsn: Psn = 0;
-
-  /** One past the highest PSN ever sent (the QP times its responses from here). */
-  get sentHigh(): Psn {
-    return this.highPsn;
-  }
+  /** One past the highest PSN ever sent: anything below it is a retransmission (read by the QP's ACK timer). */
+  highPsn: Psn = 0;
   private noackPkts = 0;
   private readonly hb = SHARED_HEADER_BUILDER;
   // Scratch shared by every requester of the process, as the header builder is (its comment says why
