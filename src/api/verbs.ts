@@ -287,7 +287,8 @@ export function createAh(_pd: Pd, attr: AhAttr): AddressHandle {
 export function postSend(qp: Qp, wr: SendWr | readonly SendWr[]): void {
   const d = qp.device;
   const now = d.now();
-  qp.core.postSend(now, Array.isArray(wr) ? wr : [wr as SendWr]);
+  if (Array.isArray(wr)) qp.core.postSend(now, wr);
+  else qp.core.postSendOne(now, wr as SendWr);
   d.kick(qp.core, now);
 }
 

@@ -6,13 +6,41 @@
 import { ROCEV2_UDP_PORT } from '../wire/constants.js';
 import { formatIpAddress, gidFromIp, ipFromGid, parseIpAddress } from '../wire/frame.js';
 import { InvalidAttrError } from './errors.js';
-import type { AddressHandle, AhAttr } from './types.js';
+import type { AddressHandle, AhAttr, Endpoint } from './types.js';
+
+// Canonical address strings and peer endpoints, one object per value. Every packet compares the
+// sender with its QP's peer and every send looks its peer up by content: with thousands of QPs, a
+// string and an endpoint of each QP's own were two more cold lines per packet, where one shared
+// string compares by identity. Bounded: past the cap the tables start over, which costs only that.
+const INTERN_MAX = 4096;
+const internedAddresses = new Map<string, string>();
+const internedEndpoints = new Map<string, Endpoint>();
+
+function internAddress(text: string): string {
+  const known = internedAddresses.get(text);
+  if (known !== undefined) return known;
+  if (internedAddresses.size >= INTERN_MAX) internedAddresses.clear();
+  internedAddresses.set(text, text);
+  return text;
+}
+
+/** The shared, frozen endpoint for `address` (canonical text) and `port`. */
+export function peerEndpoint(address: string, port: number): Endpoint {
+  const key = `${address}|${port}`;
+  let e = internedEndpoints.get(key);
+  if (e === undefined) {
+    if (internedEndpoints.size >= INTERN_MAX) internedEndpoints.clear();
+    e = Object.freeze({ address: internAddress(address), port });
+    internedEndpoints.set(key, e);
+  }
+  return e;
+}
 
 /** Canonical text for an address (IPv4-mapped IPv6 becomes dotted quad), or undefined if not an address. */
 export function normalizeAddress(text: string): string | undefined {
   const b = parseIpAddress(text);
   if (!b) return undefined;
-  return formatIpAddress(b.length === 16 ? ipFromGid(b) : b);
+  return internAddress(formatIpAddress(b.length === 16 ? ipFromGid(b) : b));
 }
 
 /** The 16-byte GID for an IP address text. */
@@ -36,5 +64,5 @@ export function resolveAh(ah: AhAttr): AddressHandle {
   const dgid = gidFromIp(bytes);
   const port = ah.port ?? ROCEV2_UDP_PORT;
   if (!Number.isInteger(port) || port < 1 || port > 0xffff) throw new InvalidAttrError(`port ${port} is not a UDP port`);
-  return Object.freeze({ address: formatIpAddress(ipFromGid(dgid)), port, dgid });
+  return Object.freeze({ address: internAddress(formatIpAddress(ipFromGid(dgid))), port, dgid });
 }

@@ -14,7 +14,7 @@
 import type { OpcodeInfo } from '../wire/opcode.js';
 import type { RocePacket } from '../wire/packet.js';
 import { psnDiff } from '../wire/psn.js';
-import { resolveAh } from './address.js';
+import { peerEndpoint, resolveAh } from './address.js';
 import type { QpCongestion } from './cc-hooks.js';
 import { Completer, type CompleterAction } from './completer.js';
 import type { EngineContext, QpAttrs, RxInfo } from './context.js';
@@ -107,6 +107,8 @@ export class QueuePair implements EngineContext {
   timerAt = -1;
   /** Also the runtime's: whether the device still holds this QP (destroyQp clears it). Read on every run and kick. */
   attached = false;
+  /** Also the runtime's: whether the QP is in the device's ready queue, to run on its next turn. */
+  queued = false;
   /**
    * False only while the responder is known to have nothing to send: set after a run found it idle,
    * cleared by every request, the only way it gets work. A QP that only initiates then skips its
@@ -207,7 +209,7 @@ export class QueuePair implements EngineContext {
     if (mask & M.MAX_DEST_RD_ATOMIC) a.maxDestRdAtomic = attr.maxDestRdAtomic!;
     if (mask & M.EN_SQD_ASYNC_NOTIFY) a.enSqdAsyncNotify = attr.enSqdAsyncNotify === true;
     if (ah) {
-      a.dest = { address: ah.address, port: ah.port };
+      a.dest = peerEndpoint(ah.address, ah.port);
       a.dgid = ah.dgid;
     }
     if ((mask & (M.DEST_QPN | M.AV)) !== 0 && this.type !== 'UD') a.srcPort = connectedSourcePort(this.qpn, a.destQpNum);
@@ -249,15 +251,32 @@ export class QueuePair implements EngineContext {
 
   /** Post Send (11.4.1.1). All WRs are validated before any is queued. */
   postSend(now: Micros, wrs: readonly SendWr[]): void {
+    this.checkPost(now, wrs.length);
+    // Every WR is checked before any is queued: a bad one posts none (11.4.1.1).
+    const wqes = wrs.map((wr, i) => this.toSendWqe(wr, i));
+    for (const w of wqes) this.sq.push(w);
+    this.afterPost();
+  }
+
+  /** `postSend` of one WR, without the list around it. */
+  postSendOne(now: Micros, wr: SendWr): void {
+    this.checkPost(now, 1);
+    this.sq.push(this.toSendWqe(wr, 0));
+    this.afterPost();
+  }
+
+  private checkPost(now: Micros, n: number): void {
     this.now = now;
     const st = this._state;
     if (st === 'RESET' || st === 'INIT' || st === 'RTR') throw new QpStateError(`postSend in ${st}: the send queue opens in RTS`);
-    if (this.sq.length + wrs.length > this.cap.maxSendWr) {
-      throw new QueueFullError(`send queue full: ${this.sq.length} + ${wrs.length} > ${this.cap.maxSendWr}`);
+    if (this.sq.length + n > this.cap.maxSendWr) {
+      throw new QueueFullError(`send queue full: ${this.sq.length} + ${n} > ${this.cap.maxSendWr}`);
     }
-    const wqes = wrs.map((wr, i) => this.toSendWqe(wr, i));
-    for (const w of wqes) this.sq.push(w);
+  }
+
+  private afterPost(): void {
     // C10-?: in ERR (and SQE) newly posted WRs complete at once with a flush error.
+    const st = this._state;
     if (st === 'ERR' || st === 'SQE') this.flushSend();
   }
 

@@ -88,6 +88,8 @@ export interface EmitResult {
 
 const REQUEST_FIELDS = blankFields();
 const REQUEST_PARTS: Uint8Array[] = [];
+/** `emit`'s answer, shared: the caller reads it before anything can emit again. */
+const EMIT_RESULT: EmitResult = { sent: 0, expectsResponse: false, error: undefined };
 
 export class Requester {
   /** Next PSN to send. */
@@ -105,7 +107,6 @@ export class Requester {
   // cold in cache at every packet.
   private readonly f = REQUEST_FIELDS;
   private readonly parts = REQUEST_PARTS;
-  private readonly res: EmitResult = { sent: 0, expectsResponse: false, error: undefined };
 
   reset(sqPsn: Psn, sqHead: number): void {
     this.psn = sqPsn;
@@ -133,9 +134,9 @@ export class Requester {
 
   /** Sends up to `budget` packets. */
   emit(ctx: EngineContext, sq: WorkQueue<SendWqe>, compPsn: Psn, budget: number): EmitResult {
-    // One record per requester, read by the caller before the next emit: a run per message with
-    // thousands of QPs made a fresh one per message.
-    const res = this.res;
+    // One record for every requester, read by the caller before anything emits again: a run per
+    // message with thousands of QPs made a fresh one per message, and one per requester was cold.
+    const res = EMIT_RESULT;
     res.sent = 0;
     res.expectsResponse = false;
     res.error = undefined;

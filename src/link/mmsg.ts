@@ -386,11 +386,12 @@ export class TxRing {
 }
 
 /**
- * Where `RxRing` delivers: a datagram (a view of a slot), its source, and whether it was truncated.
- * The view's bytes are the next `recvmmsg`'s to overwrite, and so may the view object be: one with
- * the same place and length is handed out again (see `RxRing.view`). Keep a copy, not the view.
+ * Where `RxRing` delivers: a datagram (a view of a slot), its source, whether it was truncated, and
+ * its place `k` in a GRO train (0 alone). The view's bytes are the next `recvmmsg`'s to overwrite,
+ * and so may the view object be: one with the same place and length is handed out again (see
+ * `RxRing.view`). Keep a copy, not the view.
  */
-export type RxDeliver = (datagram: Uint8Array, srcAddr: Uint8Array, srcPort: number, truncated: boolean) => void;
+export type RxDeliver = (datagram: Uint8Array, srcAddr: Uint8Array, srcPort: number, truncated: boolean, k: number) => void;
 
 /**
  * Reads a socket with `recvmmsg` into `BATCH` slots whenever libuv reports it readable. The socket
@@ -499,7 +500,8 @@ export class RxRing {
         let k = 0;
         do {
           const end = Math.min(o + step, len);
-          this.deliver(this.view(i, k++, o, end - o), this.names[i]!, port, truncated);
+          this.deliver(this.view(i, k, o, end - o), this.names[i]!, port, truncated, k);
+          k++;
           o = end;
           budget--;
           if (++since >= ANSWER_EVERY) {

@@ -457,7 +457,9 @@ export class UdpLink implements WireLink {
       this.drop.closed++;
       return;
     }
-    const dstAddr = this.addressBytes(dst.address);
+    // The peer of the last send, by content, before the address map: many QPs share a peer.
+    const last = this.lastTxDest;
+    const dstAddr = last !== undefined && last.port === dst.port && last.address === dst.address ? last.addr : this.addressBytes(dst.address);
     const gen = this.opts.icrcGenerate;
     let len = gen ? ICRC_LEN : 0;
     for (let i = 0; i < parts.length; i++) len += parts[i]!.length;
@@ -568,8 +570,8 @@ export class UdpLink implements WireLink {
   /** The sockaddr form of `dst`, cached; undefined for a zoned IPv6 address (dgram resolves the zone). */
   private txDest(dst: PeerAddress, addr: Uint8Array): TxDest | undefined {
     const last = this.lastTxDest;
-    // The same peer as last time, by content: every QP passes its own record, and many QPs share a
-    // peer, so an identity check would miss on every change of QP.
+    // The same peer as last time, by content: a caller may pass a record of its own per send (QPs
+    // share theirs, and their address strings compare by identity).
     if (last !== undefined && last.port === dst.port && last.address === dst.address) return last;
     if (dst.address.includes('%')) return undefined;
     const key = `${dst.address}|${dst.port}`;
@@ -622,13 +624,13 @@ export class UdpLink implements WireLink {
       ffi,
       dupFd,
       this.caps.family,
-      (datagram, addr, srcPort, truncated) => {
+      (datagram, addr, srcPort, truncated, k) => {
         // Longer than any RoCEv2 packet: truncated into a slot, or whole in a GRO-sized one.
         if (truncated || datagram.length > RX_SLOT) {
           this.drop.notRoce++;
           return;
         }
-        this.onDatagram(datagram, this.peerFor(addr, srcPort), port, addr);
+        this.onDatagram(datagram, this.peerFor(addr, srcPort), port, addr, k);
       },
       // One receive time per batch: the datagrams of one recvmmsg were read at one moment.
       () => (this.rxAt = this.clock.now()),
@@ -852,12 +854,12 @@ export class UdpLink implements WireLink {
   }
 
   /** `srcBytes`: the source address as the kernel gave it, where it did (batched reads). */
-  private onDatagram(msg: Uint8Array, src: PeerAddress, localPort: number, srcBytes?: Uint8Array): void {
+  private onDatagram(msg: Uint8Array, src: PeerAddress, localPort: number, srcBytes?: Uint8Array, idGuess = 0): void {
     if (this.closed) return;
     if (this.probeNonce !== undefined && localPort === this.local.port && this.isProbe(msg, src.port)) return;
     const hook = this.rxHook;
     if (hook === undefined) {
-      this.accept(msg, src, localPort, false, srcBytes);
+      this.accept(msg, src, localPort, false, srcBytes, idGuess);
       return;
     }
     hook(msg, src, (datagram, ce = false) => this.accept(datagram, src, localPort, ce));
@@ -866,8 +868,10 @@ export class UdpLink implements WireLink {
   /**
    * Length, BTH version and ICRC checks, then the handler. `srcBytes` saves the text-to-bytes lookup
    * of the source address (the ICRC covers it) where the caller has the bytes; read during the call only.
+   * `idGuess` is the IPv4 ID to try first: segment k of a GSO train left with ID k (mmsg.ts), and
+   * the right guess saves recovering it; a wrong one costs nothing more than the guess of 0 did.
    */
-  private accept(datagram: Uint8Array, src: PeerAddress, localPort: number, ce: boolean, srcBytes?: Uint8Array): void {
+  private accept(datagram: Uint8Array, src: PeerAddress, localPort: number, ce: boolean, srcBytes?: Uint8Array, idGuess = 0): void {
     if (this.closed) {
       this.drop.closed++;
       return;
@@ -886,7 +890,9 @@ export class UdpLink implements WireLink {
     info.dstAddr = this.localAddr;
     info.srcPort = src.port;
     info.dstPort = localPort;
+    info.ipId = idGuess;
     const v = verifyIcrc(info, datagram, this.opts.icrcVerify);
+    info.ipId = 0;
     if (v === ICRC_BAD) {
       this.drop.badIcrc++;
       return;
