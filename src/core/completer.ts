@@ -9,6 +9,11 @@
  *
  * It never touches the requester. It returns what should happen — go back to a PSN, wait for
  * an RNR timer, fail the QP — and the QP applies it.
+ *
+ * Its state lives in the QP's record (`CompleterState`), as rxe's `struct rxe_comp_info` is
+ * embedded in `struct rxe_qp`: the completer reads it for every response, and an object of its own
+ * was one more cold cache line per message with thousands of QPs. The class holds no state; one
+ * instance serves every QP.
  */
 
 import { aethKind, aethValue, NAK_CODE } from '../wire/aeth.js';
@@ -39,43 +44,55 @@ const PROGRESS: CompleterAction = { kind: 'progress' };
 const RC_READ_RESPONSE_MIDDLE = OPCODE['RC_RDMA_READ_RESPONSE_MIDDLE']!;
 const RC_READ_RESPONSE_LAST = OPCODE['RC_RDMA_READ_RESPONSE_LAST']!;
 
-/** How the completer retires a WQE: the QP removes it, posts its completion, frees its read slot. */
-export type RetireFn = (wqe: SendWqe) => void;
+
+/** The completer's state (rxe `struct rxe_comp_info`), held in the QP's record. */
+export interface CompleterState {
+  /** The oldest PSN not yet acknowledged (rxe comp.psn). */
+  compPsn: Psn;
+  /** The read response sequence in progress: the last READ response FIRST/MIDDLE opcode, or -1. */
+  compOpcode: number;
+  compRetryCnt: number;
+  compRnrRetry: number;
+  /** A NAK- or timeout-driven retry is under way with no progress since (rxe started_retry). */
+  compStartedRetry: boolean;
+  /** The PSN of the last response older than comp PSN, or -1 (see onResponse). */
+  compStaleReadPsn: number;
+}
+
+/** What the completer works on: the QP as its engines see it, and the completer's state in it. */
+export interface CompleterContext extends EngineContext, CompleterState {
+  /** Removes the head WQE, posts its completion and frees its read slot. */
+  retireWqe(wqe: SendWqe): void;
+}
+
+/** A fresh completer state (a QP in RESET). */
+export function newCompleterState(): CompleterState {
+  return { compPsn: 0, compOpcode: -1, compRetryCnt: 0, compRnrRetry: 0, compStartedRetry: false, compStaleReadPsn: -1 };
+}
 
 export class Completer {
-  /** The oldest PSN not yet acknowledged (rxe comp.psn). */
-  psn: Psn = 0;
-  /** The read response sequence in progress: the last READ response FIRST/MIDDLE opcode, or -1. */
-  private opcode = -1;
-  retryCnt = 0;
-  rnrRetry = 0;
-  /** A NAK- or timeout-driven retry is under way with no progress since (rxe started_retry). */
-  private startedRetry = false;
-  /** The PSN of the last response older than comp PSN, or -1 (see onResponse). */
-  private staleReadPsn = -1;
-
-  reset(sqPsn: Psn, retryCnt: number, rnrRetry: number): void {
-    this.psn = sqPsn;
-    this.opcode = -1;
-    this.retryCnt = retryCnt;
-    this.rnrRetry = rnrRetry;
-    this.startedRetry = false;
-    this.staleReadPsn = -1;
+  reset(ctx: CompleterState, sqPsn: Psn, retryCnt: number, rnrRetry: number): void {
+    ctx.compPsn = sqPsn;
+    ctx.compOpcode = -1;
+    ctx.compRetryCnt = retryCnt;
+    ctx.compRnrRetry = rnrRetry;
+    ctx.compStartedRetry = false;
+    ctx.compStaleReadPsn = -1;
   }
 
-  private resetRetryCounters(ctx: EngineContext): void {
-    this.retryCnt = ctx.attrs.retryCnt;
-    this.rnrRetry = ctx.attrs.rnrRetry;
-    this.startedRetry = false;
-    this.staleReadPsn = -1;
+  private resetRetryCounters(ctx: CompleterContext): void {
+    ctx.compRetryCnt = ctx.attrs.retryCnt;
+    ctx.compRnrRetry = ctx.attrs.rnrRetry;
+    ctx.compStartedRetry = false;
+    ctx.compStaleReadPsn = -1;
   }
 
-  private advanceTo(psn: Psn): void {
-    if (psnDiff(psn, this.psn) > 0) this.psn = psn;
+  private advanceTo(ctx: CompleterState, psn: Psn): void {
+    if (psnDiff(psn, ctx.compPsn) > 0) ctx.compPsn = psn;
   }
 
   /** Processes one response packet. */
-  onResponse(ctx: EngineContext, sq: WorkQueue<SendWqe>, pkt: RocePacket, info: OpcodeInfo, retire: RetireFn): CompleterAction {
+  onResponse(ctx: CompleterContext, sq: WorkQueue<SendWqe>, pkt: RocePacket, info: OpcodeInfo): CompleterAction {
     let progressed = false;
     const psn = pkt.bth.psn;
     for (;;) {
@@ -100,14 +117,14 @@ export class Completer {
           const a = this.errorRetry(ctx, wqe, false);
           return a.kind === 'none' && progressed ? PROGRESS : a;
         }
-        this.advanceTo(psnAdd(wqe.lastPsn, 1));
-        this.opcode = -1;
+        this.advanceTo(ctx, psnAdd(wqe.lastPsn, 1));
+        ctx.compOpcode = -1;
         this.resetRetryCounters(ctx);
-        retire(wqe);
+        ctx.retireWqe(wqe);
         progressed = true;
         continue;
       }
-      const diff = psnDiff(psn, this.psn);
+      const diff = psnDiff(psn, ctx.compPsn);
       if (diff < 0) {
         // Older than anything outstanding: a duplicate ACK or a replayed response.
         ctx.counters.staleResponse++;
@@ -118,12 +135,12 @@ export class Completer {
         // behind it, faster than the responder could send them: against rxe under load, a 1 MiB
         // READ at MTU 256 re-requested every 67 ms for minutes and never completed. A response
         // repeated without advancing still does not hold the timer.
-        if (this.startedRetry && info.kind === 'readResponse' && wqe.opcode === 'RDMA_READ' &&
-            psnDiff(psn, wqe.firstPsn) >= 0 && (this.staleReadPsn < 0 || psnDiff(psn, this.staleReadPsn) > 0)) {
-          this.staleReadPsn = psn;
+        if (ctx.compStartedRetry && info.kind === 'readResponse' && wqe.opcode === 'RDMA_READ' &&
+            psnDiff(psn, wqe.firstPsn) >= 0 && (ctx.compStaleReadPsn < 0 || psnDiff(psn, ctx.compStaleReadPsn) > 0)) {
+          ctx.compStaleReadPsn = psn;
           return PROGRESS;
         }
-        this.staleReadPsn = psn;
+        ctx.compStaleReadPsn = psn;
         return progressed ? PROGRESS : NONE;
       }
       if (diff > 0 && wqe.readOrAtomic) {
@@ -138,13 +155,13 @@ export class Completer {
         if (a.kind === 'none' && info.kind === 'readResponse') return PROGRESS;
         return a.kind === 'none' && progressed ? PROGRESS : a;
       }
-      const a = this.checkAck(ctx, wqe, pkt, info, retire);
+      const a = this.checkAck(ctx, wqe, pkt, info);
       return a.kind === 'none' && progressed ? PROGRESS : a;
     }
   }
 
   /** check_ack and what follows it, for the head WQE and a response at or after comp PSN. */
-  private checkAck(ctx: EngineContext, wqe: SendWqe, pkt: RocePacket, info: OpcodeInfo, retire: RetireFn): CompleterAction {
+  private checkAck(ctx: CompleterContext, wqe: SendWqe, pkt: RocePacket, info: OpcodeInfo): CompleterAction {
     const psn = pkt.bth.psn;
     // Read response sequence (C9-118): the response at the WQE's first PSN starts the data
     // (FIRST/ONLY); any later one continues it (MIDDLE/LAST) — also after a retry from the
@@ -152,11 +169,11 @@ export class Completer {
     // the previous opcode, so a replay needs no special case.
     if (info.kind === 'readResponse' && wqe.opcode === 'RDMA_READ') {
       const atStart = psn === wqe.firstPsn;
-      if (atStart !== info.start || (this.opcode !== -1 && info.start)) {
+      if (atStart !== info.start || (ctx.compOpcode !== -1 && info.start)) {
         ctx.counters.badOpcodeSeq++;
         return NONE;
       }
-    } else if (this.opcode !== -1 && pkt.bth.opcode !== RC_READ_RESPONSE_MIDDLE && pkt.bth.opcode !== RC_READ_RESPONSE_LAST) {
+    } else if (ctx.compOpcode !== -1 && pkt.bth.opcode !== RC_READ_RESPONSE_MIDDLE && pkt.bth.opcode !== RC_READ_RESPONSE_LAST) {
       ctx.counters.badOpcodeSeq++;
       return NONE;
     }
@@ -177,14 +194,14 @@ export class Completer {
         if (len > expect || (!info.end && len !== expect)) return fatal(wqe, 'BAD_RESP_ERR', 0);
         if (len > 0 && !scatter(wqe.segments!, off, pkt.payload)) return fatal(wqe, 'LOC_LEN_ERR', 0);
         wqe.readPlaced = off + len;
-        this.psn = psnAdd(psn, 1);
+        ctx.compPsn = psnAdd(psn, 1);
         if (!info.end) {
-          this.opcode = pkt.bth.opcode;
+          ctx.compOpcode = pkt.bth.opcode;
           return PROGRESS;
         }
-        this.opcode = -1;
+        ctx.compOpcode = -1;
         if (psn !== wqe.lastPsn || wqe.readPlaced !== wqe.length) return fatal(wqe, 'BAD_RESP_ERR', 0);
-        retire(wqe);
+        ctx.retireWqe(wqe);
         return PROGRESS;
       }
       case 'atomicAck': {
@@ -198,8 +215,8 @@ export class Completer {
         const orig = new Uint8Array(8);
         new DataView(orig.buffer).setBigUint64(0, pkt.atomicAckEth!.originalData, true);
         if (!scatter(wqe.segments!, 0, orig)) return fatal(wqe, 'LOC_LEN_ERR', 0);
-        this.psn = psnAdd(psn, 1);
-        retire(wqe);
+        ctx.compPsn = psnAdd(psn, 1);
+        ctx.retireWqe(wqe);
         return PROGRESS;
       }
       case 'ack': {
@@ -212,20 +229,20 @@ export class Completer {
               return NONE;
             }
             this.resetRetryCounters(ctx);
-            this.psn = psnAdd(psn, 1);
+            ctx.compPsn = psnAdd(psn, 1);
             // Also while a resend is under way ('processing'): this ACK covers the whole message,
             // and once comp PSN is past it no later response could retire it.
-            if ((wqe.state === 'pending' || wqe.state === 'processing') && psn === wqe.lastPsn) retire(wqe);
+            if ((wqe.state === 'pending' || wqe.state === 'processing') && psn === wqe.lastPsn) ctx.retireWqe(wqe);
             return PROGRESS;
           case 'RNR_NAK': {
             ctx.counters.rcvRnr++;
             // PSNs before the refused one are implicitly acknowledged.
-            this.psn = psn;
-            if (this.rnrRetry === 0) {
+            ctx.compPsn = psn;
+            if (ctx.compRnrRetry === 0) {
               ctx.counters.rnrRetryExceeded++;
               return fatal(wqe, 'RNR_RETRY_EXC_ERR', syn);
             }
-            if (this.rnrRetry !== RETRY_INFINITE) this.rnrRetry--;
+            if (ctx.compRnrRetry !== RETRY_INFINITE) ctx.compRnrRetry--;
             return { kind: 'rnrWait', from: psn, delayUs: rnrTimerUs(aethValue(syn)) };
           }
           case 'NAK':
@@ -234,9 +251,9 @@ export class Completer {
                 // Everything before the NAK'd PSN arrived (C9-116): advance, then go back to it.
                 // A NAK that moves the PSN forward is progress, so it may start a new retry; a
                 // repeated NAK for the gap already being retried is ignored (rxe started_retry).
-                if (psnDiff(psn, this.psn) > 0) {
-                  this.psn = psn;
-                  this.startedRetry = false;
+                if (psnDiff(psn, ctx.compPsn) > 0) {
+                  ctx.compPsn = psn;
+                  ctx.compStartedRetry = false;
                 }
                 ctx.counters.rcvSeqErr++;
                 return this.errorRetry(ctx, wqe, false);
@@ -267,14 +284,14 @@ export class Completer {
    * PSN; out of retries, fail the head WQE with RETRY_EXC_ERR. A second NAK while a retry is
    * already under way, with no progress since, is ignored (only the timer may retry again).
    */
-  errorRetry(ctx: EngineContext, head: SendWqe | undefined, timeout: boolean): CompleterAction {
-    if (this.startedRetry && !timeout) return NONE;
-    if (this.retryCnt > 0) {
-      if (this.retryCnt !== RETRY_INFINITE) this.retryCnt--;
-      this.startedRetry = true;
-      this.opcode = -1;
+  errorRetry(ctx: CompleterContext, head: SendWqe | undefined, timeout: boolean): CompleterAction {
+    if (ctx.compStartedRetry && !timeout) return NONE;
+    if (ctx.compRetryCnt > 0) {
+      if (ctx.compRetryCnt !== RETRY_INFINITE) ctx.compRetryCnt--;
+      ctx.compStartedRetry = true;
+      ctx.compOpcode = -1;
       ctx.counters.compRetry++;
-      return { kind: 'retry', from: this.psn };
+      return { kind: 'retry', from: ctx.compPsn };
     }
     ctx.counters.retryExceeded++;
     if (!head) return NONE;
@@ -282,7 +299,7 @@ export class Completer {
   }
 
   /** The local ACK timer fired with requests outstanding (IBTA 9.7.6.1.3). */
-  onTimeout(ctx: EngineContext, sq: WorkQueue<SendWqe>): CompleterAction {
+  onTimeout(ctx: CompleterContext, sq: WorkQueue<SendWqe>): CompleterAction {
     ctx.counters.ackTimeouts++;
     return this.errorRetry(ctx, sq.peek(), true);
   }
@@ -291,3 +308,6 @@ export class Completer {
 function fatal(wqe: SendWqe, status: WcStatus, vendorErr: number): CompleterAction {
   return { kind: 'fatal', wqe, status, vendorErr };
 }
+
+/** The one completer: it keeps no state of its own. */
+export const COMPLETER = new Completer();

@@ -16,7 +16,7 @@ import type { RocePacket } from '../wire/packet.js';
 import { psnDiff } from '../wire/psn.js';
 import { peerEndpoint, resolveAh } from './address.js';
 import type { QpCongestion } from './cc-hooks.js';
-import { Completer, type CompleterAction } from './completer.js';
+import { COMPLETER, type CompleterAction, type CompleterState } from './completer.js';
 import type { EngineContext, QpAttrs, RxInfo } from './context.js';
 import type { Counters } from './counters.js';
 import type { CompletionQueue } from './cq.js';
@@ -25,12 +25,12 @@ import { connectedSourcePort, datagramSourcePort } from './flow.js';
 import { MAX_ACK_BACKOFF, MAX_PKTS_PER_POLL } from './limits.js';
 import { sgeTotal, type MrTable, type ProtectionDomain } from './mr.js';
 import { checkModify, maskFromAttr, mtuBytes } from './qp-state.js';
-import { isReadOrAtomic, Requester, WR_OPCODES_FOR } from './requester.js';
+import { isReadOrAtomic, REQUESTER, WR_OPCODES_FOR, type RequesterState } from './requester.js';
 import { Responder } from './responder.js';
 import { ackTimeoutUs, earliest, type Micros } from './time.js';
 import {
   QP_ATTR_MASK as M, SEND_FLAGS, WC_FLAGS,
-  type AsyncEvent, type Endpoint, type QpAttr, type QpCap, type QpState, type QpType, type Qpn, type RecvWr, type SendWr,
+  type AsyncEvent, type Endpoint, type Psn, type QpAttr, type QpCap, type QpState, type QpType, type Qpn, type RecvWr, type SendWr,
   type WcOpcode, type WcStatus, type WorkCompletion, type WrOpcode,
 } from './types.js';
 import { WorkQueue, type RecvWqe, type SendWqe } from './wqe.js';
@@ -65,23 +65,47 @@ const WC_OPCODE_OF: Readonly<Record<WrOpcode, WcOpcode>> = {
   RDMA_READ: 'RDMA_READ', ATOMIC_CMP_AND_SWP: 'COMP_SWAP', ATOMIC_FETCH_AND_ADD: 'FETCH_ADD',
 };
 
-export class QueuePair implements EngineContext {
+export class QueuePair implements EngineContext, CompleterState, RequesterState {
+  // Field order is memory order: V8 lays an object out in the order its fields are defined. The
+  // fields a message reads come first, so that with thousands of QPs (each one cold in cache when its
+  // turn comes) a message reads three or four lines of this record; the rest follow.
   readonly qpn: Qpn;
-  readonly type: QpType;
-  readonly pd: ProtectionDomain;
-  readonly mrs: MrTable;
-  readonly counters: Counters;
-  readonly sendCq: CompletionQueue;
-  readonly recvCq: CompletionQueue;
-  readonly cap: QpCap;
-  readonly attrs: QpAttrs;
   private _state: QpState = 'RESET';
-  private readonly io: QpIo;
+  /** The runtime's: whether the QP is in the device's ready queue, to run on its next turn. */
+  queued = false;
+  /** Also the runtime's: whether the device still holds this QP (destroyQp clears it). Read on every run and kick. */
+  attached = false;
+  /**
+   * Also the runtime's, not protocol state: the deadline (µs) the device holds a timer entry for,
+   * or -1 (src/runtime/device.ts, `kick`). A field rather than a device map: it is read on every kick.
+   */
+  timerAt = -1;
+  /**
+   * False only while the responder is known to have nothing to send: set after a run found it idle,
+   * cleared by every request, the only way it gets work. A QP that only initiates then skips its
+   * responder in `poll` and `pollAt`: with thousands of QPs, two more objects cold in cache per message.
+   */
+  private responderBusy = true;
+  /** Congestion control (cc-hooks.ts): paces the requester; undefined = none, as rxe. */
+  cc: QpCongestion | undefined;
+  private now: Micros = 0;
   readonly sq = new WorkQueue<SendWqe>();
-  readonly rq = new WorkQueue<RecvWqe>();
-  readonly requester = new Requester();
-  readonly responder = new Responder();
-  readonly completer = new Completer();
+  readonly requester = REQUESTER;
+  readonly completer = COMPLETER;
+  // The requester's and the completer's state (`RequesterState`, `CompleterState`), in this record
+  // as rxe keeps `qp->req` and `qp->comp` in `struct rxe_qp`: objects of their own were two more
+  // cold cache lines per message with thousands of QPs. The engines keep no state of their own.
+  reqPsn: Psn = 0;
+  reqCursor = 0;
+  reqHighPsn: Psn = 0;
+  reqNoackPkts = 0;
+  reqRdAtomic = 0;
+  compPsn: Psn = 0;
+  compOpcode = -1;
+  compRetryCnt = 0;
+  compRnrRetry = 0;
+  compStartedRetry = false;
+  compStaleReadPsn = -1;
   private ackDeadline: Micros | undefined;
   /** The ACK deadline passed on the last run; the timeout is decided on the next (see poll). */
   private ackExpired = false;
@@ -93,28 +117,48 @@ export class QueuePair implements EngineContext {
   private rttPsn = -1;
   private rttSentAt = 0;
   private rnrUntil: Micros | undefined;
+  readonly type: QpType;
+  // The attributes (QpAttrs), held in this record as rxe embeds `struct ib_qp_attr` in `struct
+  // rxe_qp`, for the same reason; `attrs` is this record. Those a message reads come first.
+  pathMtu: number;
+  destQpNum: Qpn = 0;
+  dest: Endpoint | undefined = undefined;
+  srcPort: number;
+  timeout = 14;
+  retryCnt = 7;
+  rnrRetry = 7;
+  sqSigAll: boolean;
+  /** `cap.maxSendWr` and `cap.maxSendSge`, read by every post: here rather than in `cap`, likewise. */
+  private readonly maxSendWr: number;
+  private readonly maxSendSge: number;
+  readonly counters: Counters;
+  readonly sendCq: CompletionQueue;
+  readonly mrs: MrTable;
+  readonly pd: ProtectionDomain;
+  private readonly io: QpIo;
+  // What a message does not read.
+  readonly recvCq: CompletionQueue;
+  readonly cap: QpCap;
+  readonly rq = new WorkQueue<RecvWqe>();
+  readonly responder = new Responder();
+  /** Port MTU: the UD message limit and the cap on pathMtu. */
+  readonly portMtu: number;
+  /** 16-byte destination GID (RC/UC). */
+  dgid: Uint8Array | undefined = undefined;
+  accessFlags = 0;
+  qkey = 0;
+  pkeyIndex = 0;
+  portNum = 1;
+  minRnrTimer = 0;
+  maxRdAtomic = 0;
+  maxDestRdAtomic = 0;
+  sqPsn = 0;
+  rqPsn = 0;
+  enSqdAsyncNotify = false;
   private rnrFrom = 0;
   private sqdNotifyPending = false;
-  private now: Micros = 0;
   /** Why the QP last changed state. */
   stateReason = 'created';
-  /** Congestion control (cc-hooks.ts): paces the requester; undefined = none, as rxe. */
-  cc: QpCongestion | undefined;
-  /**
-   * The runtime's bookkeeping, not protocol state: the deadline (µs) the device holds a timer entry
-   * for, or -1 (src/runtime/device.ts, `kick`). A field rather than a device map: it is read on every kick.
-   */
-  timerAt = -1;
-  /** Also the runtime's: whether the device still holds this QP (destroyQp clears it). Read on every run and kick. */
-  attached = false;
-  /** Also the runtime's: whether the QP is in the device's ready queue, to run on its next turn. */
-  queued = false;
-  /**
-   * False only while the responder is known to have nothing to send: set after a run found it idle,
-   * cleared by every request, the only way it gets work. A QP that only initiates then skips its
-   * responder in `poll` and `pollAt`: with thousands of QPs, two more objects cold in cache per message.
-   */
-  private responderBusy = true;
 
   constructor(init: QpInit) {
     this.qpn = init.qpn;
@@ -125,17 +169,22 @@ export class QueuePair implements EngineContext {
     this.sendCq = init.sendCq;
     this.recvCq = init.recvCq;
     this.cap = { ...init.cap };
+    this.maxSendWr = init.cap.maxSendWr;
+    this.maxSendSge = init.cap.maxSendSge;
     this.io = init.io;
-    this.attrs = {
-      pathMtu: Math.min(1024, init.portMtu), portMtu: init.portMtu, destQpNum: 0, dest: undefined, dgid: undefined,
-      srcPort: datagramSourcePort(init.qpn), accessFlags: 0, qkey: 0, pkeyIndex: 0, portNum: 1, timeout: 14,
-      retryCnt: 7, rnrRetry: 7, minRnrTimer: 0, maxRdAtomic: 0, maxDestRdAtomic: 0, sqPsn: 0, rqPsn: 0,
-      enSqdAsyncNotify: false, sqSigAll: init.sqSigAll,
-    };
+    this.pathMtu = Math.min(1024, init.portMtu);
+    this.portMtu = init.portMtu;
+    this.srcPort = datagramSourcePort(init.qpn);
+    this.sqSigAll = init.sqSigAll;
   }
 
   get state(): QpState {
     return this._state;
+  }
+
+  /** The QP's live attributes: the QP itself (see the fields above). */
+  get attrs(): QpAttrs {
+    return this;
   }
 
   // ---------------------------------------------------------------------------------------
@@ -154,8 +203,8 @@ export class QueuePair implements EngineContext {
         this.sq.clear();
         this.rq.clear();
         this.responder.reset(0, 0);
-        this.requester.reset(0, this.sq.head);
-        this.completer.reset(0, 0, 0);
+        this.requester.reset(this, 0, this.sq.head);
+        this.completer.reset(this, 0, 0, 0);
         this.ackDeadline = undefined;
         this.ackBackoff = 0;
         this.srttUs = 0;
@@ -167,8 +216,8 @@ export class QueuePair implements EngineContext {
         break;
       case 'RTS':
         if (from === 'RTR') {
-          this.requester.reset(this.attrs.sqPsn, this.sq.head);
-          this.completer.reset(this.attrs.sqPsn, this.attrs.retryCnt, this.attrs.rnrRetry);
+          this.requester.reset(this, this.attrs.sqPsn, this.sq.head);
+          this.completer.reset(this, this.attrs.sqPsn, this.attrs.retryCnt, this.attrs.rnrRetry);
         }
         break;
       case 'SQE':
@@ -227,7 +276,7 @@ export class QueuePair implements EngineContext {
       pathMtu: a.pathMtu as 256 | 512 | 1024 | 2048 | 4096,
       qkey: a.qkey,
       rqPsn: this._state === 'RESET' || this._state === 'INIT' ? a.rqPsn : this.responder.psn,
-      sqPsn: this._state === 'RTS' || this._state === 'SQD' || this._state === 'SQE' ? this.requester.psn : a.sqPsn,
+      sqPsn: this._state === 'RTS' || this._state === 'SQD' || this._state === 'SQE' ? this.reqPsn : a.sqPsn,
       destQpNum: a.destQpNum,
       qpAccessFlags: a.accessFlags,
       cap: { ...this.cap },
@@ -269,8 +318,8 @@ export class QueuePair implements EngineContext {
     this.now = now;
     const st = this._state;
     if (st === 'RESET' || st === 'INIT' || st === 'RTR') throw new QpStateError(`postSend in ${st}: the send queue opens in RTS`);
-    if (this.sq.length + n > this.cap.maxSendWr) {
-      throw new QueueFullError(`send queue full: ${this.sq.length} + ${n} > ${this.cap.maxSendWr}`);
+    if (this.sq.length + n > this.maxSendWr) {
+      throw new QueueFullError(`send queue full: ${this.sq.length} + ${n} > ${this.maxSendWr}`);
     }
   }
 
@@ -287,7 +336,7 @@ export class QueuePair implements EngineContext {
     if (!WR_OPCODES_FOR[this.type].includes(wr.opcode)) bad(`${wr.opcode} is not available on a ${this.type} QP`);
     const flags = wr.sendFlags ?? 0;
     const sges = wr.sgList ?? [];
-    if (sges.length > this.cap.maxSendSge) bad(`${sges.length} SGEs > maxSendSge ${this.cap.maxSendSge}`);
+    if (sges.length > this.maxSendSge) bad(`${sges.length} SGEs > maxSendSge ${this.maxSendSge}`);
     for (const s of sges) {
       if (typeof s.addr !== 'bigint' || !Number.isInteger(s.length) || s.length < 0) bad('an SGE needs { addr: bigint, length, lkey }');
     }
@@ -386,7 +435,7 @@ export class QueuePair implements EngineContext {
       this.counters.unexpectedResponse++;
       return;
     }
-    this.apply(now, this.completer.onResponse(this, this.sq, pkt, info, this.retireFn));
+    this.apply(now, this.completer.onResponse(this, this.sq, pkt, info));
   }
 
   /** Does the work that is due: timers, then sending (requests, then READ responses). Returns packets sent. */
@@ -394,7 +443,7 @@ export class QueuePair implements EngineContext {
     this.now = now;
     if (this.rnrUntil !== undefined && now >= this.rnrUntil) {
       this.rnrUntil = undefined;
-      this.requester.rewind(this.sq, this.rnrFrom);
+      this.requester.rewind(this, this.sq, this.rnrFrom);
     }
     if (this.ackDeadline !== undefined && now >= this.ackDeadline) {
       // Decided one run later: the runtime runs ASAP work after reading the input already
@@ -416,11 +465,11 @@ export class QueuePair implements EngineContext {
     const st = this._state;
     this.cc?.onTimer(now);
     if ((st === 'RTS' || st === 'SQD') && this.rnrUntil === undefined) {
-      const high = this.requester.highPsn;
-      const r = this.cc ? this.cc.emit(now, budget) : this.requester.emit(this, this.sq, this.completer.psn, budget);
+      const high = this.reqHighPsn;
+      const r = this.cc ? this.cc.emit(now, budget) : this.requester.emit(this, this, this.sq, this.compPsn, budget);
       sent += r.sent;
       // Times the first PSN sent for the first time (a READ's first response answers it).
-      if (r.expectsResponse && this.rttPsn < 0 && this.requester.highPsn !== high) {
+      if (r.expectsResponse && this.rttPsn < 0 && this.reqHighPsn !== high) {
         this.rttPsn = high;
         this.rttSentAt = now;
       }
@@ -447,7 +496,7 @@ export class QueuePair implements EngineContext {
     let t: Micros | undefined;
     const st = this._state;
     if ((st === 'RTS' || st === 'SQD') && this.rnrUntil === undefined &&
-        this.requester.blocked(this, this.sq, this.completer.psn) === undefined) {
+        this.requester.blocked(this, this, this.sq, this.compPsn) === undefined) {
       if (!this.cc) return ASAP;
       // Paced: the next packet waits for the rate, or for an RP timer that raises it.
       const at = this.cc.sendAt();
@@ -477,7 +526,7 @@ export class QueuePair implements EngineContext {
   // Internals
 
   private outstanding(): boolean {
-    return this.type === 'RC' && psnDiff(this.requester.psn, this.completer.psn) > 0;
+    return this.type === 'RC' && psnDiff(this.reqPsn, this.compPsn) > 0;
   }
 
   private armAckTimer(now: Micros): void {
@@ -494,7 +543,7 @@ export class QueuePair implements EngineContext {
       case 'progress':
         // rxe UPDATE_COMP: restart the timer while anything is outstanding, at its own length.
         this.ackBackoff = 0;
-        if (this.rttPsn >= 0 && psnDiff(this.completer.psn, this.rttPsn) > 0) {
+        if (this.rttPsn >= 0 && psnDiff(this.compPsn, this.rttPsn) > 0) {
           const sample = now - this.rttSentAt;
           this.srttUs = this.srttUs === 0 ? sample : this.srttUs + (sample - this.srttUs) / 8;
           this.rttPsn = -1;
@@ -504,7 +553,7 @@ export class QueuePair implements EngineContext {
         this.checkSqDrained();
         return;
       case 'retry':
-        this.requester.rewind(this.sq, a.from);
+        this.requester.rewind(this, this.sq, a.from);
         this.ackDeadline = undefined;
         this.rttPsn = -1;
         return;
@@ -521,14 +570,17 @@ export class QueuePair implements EngineContext {
   }
 
   /** Retires the head send WQE successfully (completer, or UC/UD after the last packet). */
-  private readonly retireFn = (wqe: SendWqe): void => this.retire(wqe);
+  /** The completer's way to retire the head WQE (`CompleterContext`). */
+  retireWqe(wqe: SendWqe): void {
+    this.retire(wqe);
+  }
 
   private retire(wqe: SendWqe): void {
     if (this.sq.peek() !== wqe) return;
     this.sq.shift();
     if (wqe.holdsRdAtomic) {
       wqe.holdsRdAtomic = false;
-      this.requester.rdAtomicOutstanding--;
+      this.reqRdAtomic--;
     }
     if (wqe.opcode.startsWith('SEND')) this.counters.rdmaSends++;
     if (wqe.signaled) this.pushCompletion(this.sendCq, this.sendWc(wqe, 'SUCCESS', 0));
@@ -544,7 +596,7 @@ export class QueuePair implements EngineContext {
     if (this.type !== 'RC') this.retireDone();
     if (this.sq.peek() === wqe) {
       this.sq.shift();
-      if (wqe.holdsRdAtomic) this.requester.rdAtomicOutstanding--;
+      if (wqe.holdsRdAtomic) this.reqRdAtomic--;
       this.pushCompletion(this.sendCq, this.sendWc(wqe, status, vendorErr));
     }
     if (this.type === 'RC') this.fail(`${why} (${status})`);
@@ -578,8 +630,8 @@ export class QueuePair implements EngineContext {
       if (w.holdsRdAtomic) w.holdsRdAtomic = false;
       this.pushCompletion(this.sendCq, this.sendWc(w, 'WR_FLUSH_ERR', 0));
     }
-    this.requester.rdAtomicOutstanding = 0;
-    this.requester.cursor = this.sq.head;
+    this.reqRdAtomic = 0;
+    this.reqCursor = this.sq.head;
   }
 
   private flushRecv(): void {

@@ -86,54 +86,59 @@ export interface EmitResult {
   expectsResponse: boolean;
 }
 
+// Scratch shared by every QP, as the header builder is (its comment says why that is safe): with
+// thousands of QPs taking turns, a record and a list of each QP's own were cold at every packet.
 const REQUEST_FIELDS = blankFields();
 const REQUEST_PARTS: Uint8Array[] = [];
 /** `emit`'s answer, shared: the caller reads it before anything can emit again. */
 const EMIT_RESULT: EmitResult = { sent: 0, expectsResponse: false, error: undefined };
 
-export class Requester {
+/** The requester's state (rxe `struct rxe_req_info`), held in the QP's record as rxe embeds it. */
+export interface RequesterState {
   /** Next PSN to send. */
-  psn: Psn = 0;
+  reqPsn: Psn;
   /** Absolute SQ index of the WQE the requester works on. */
-  cursor = 0;
+  reqCursor: number;
   /** Started READ/atomic WQEs not yet completed (IBTA: at most maxRdAtomic). */
-  rdAtomicOutstanding = 0;
+  reqRdAtomic: number;
   /** One past the highest PSN ever sent: anything below it is a retransmission (read by the QP's ACK timer). */
-  highPsn: Psn = 0;
-  private noackPkts = 0;
-  private readonly hb = SHARED_HEADER_BUILDER;
-  // Scratch shared by every requester of the process, as the header builder is (its comment says why
-  // that is safe): with thousands of QPs taking turns, a record and a list of each QP's own were
-  // cold in cache at every packet.
-  private readonly f = REQUEST_FIELDS;
-  private readonly parts = REQUEST_PARTS;
+  reqHighPsn: Psn;
+  /** Packets since the last AckReq (rxe noack_pkts). */
+  reqNoackPkts: number;
+}
 
-  reset(sqPsn: Psn, sqHead: number): void {
-    this.psn = sqPsn;
-    this.highPsn = sqPsn;
-    this.cursor = sqHead;
-    this.rdAtomicOutstanding = 0;
-    this.noackPkts = 0;
+/**
+ * The engine. It keeps no state of its own: each call gets the QP's `RequesterState` and the
+ * context to send through (the QP, or a pacer's wrapper of it). With thousands of QPs, a requester
+ * object per QP was one more cold cache line per message; one instance serves every QP.
+ */
+export class Requester {
+  reset(s: RequesterState, sqPsn: Psn, sqHead: number): void {
+    s.reqPsn = sqPsn;
+    s.reqHighPsn = sqPsn;
+    s.reqCursor = sqHead;
+    s.reqRdAtomic = 0;
+    s.reqNoackPkts = 0;
   }
 
   /** The same checks `emit` makes, without side effects; drives `pollAt`. */
-  blocked(ctx: EngineContext, sq: WorkQueue<SendWqe>, compPsn: Psn): RequesterBlock | undefined {
-    if (this.cursor < sq.head) this.cursor = sq.head;
-    const wqe = sq.at(this.cursor);
+  blocked(s: RequesterState, ctx: EngineContext, sq: WorkQueue<SendWqe>, compPsn: Psn): RequesterBlock | undefined {
+    if (s.reqCursor < sq.head) s.reqCursor = sq.head;
+    const wqe = sq.at(s.reqCursor);
     if (!wqe) return 'empty';
     if (wqe.state === 'posted') {
       if (ctx.state !== 'RTS') return 'state';
-      if (wqe.fence && this.rdAtomicOutstanding > 0) return 'fence';
-      if (wqe.readOrAtomic && this.rdAtomicOutstanding >= ctx.attrs.maxRdAtomic) return 'rdAtomic';
+      if (wqe.fence && s.reqRdAtomic > 0) return 'fence';
+      if (wqe.readOrAtomic && s.reqRdAtomic >= ctx.attrs.maxRdAtomic) return 'rdAtomic';
     } else if (ctx.state !== 'RTS' && ctx.state !== 'SQD') {
       return 'state';
     }
-    if (ctx.type === 'RC' && psnDiff(this.psn, compPsn) >= MAX_UNACKED_PSNS) return 'window';
+    if (ctx.type === 'RC' && psnDiff(s.reqPsn, compPsn) >= MAX_UNACKED_PSNS) return 'window';
     return undefined;
   }
 
   /** Sends up to `budget` packets. */
-  emit(ctx: EngineContext, sq: WorkQueue<SendWqe>, compPsn: Psn, budget: number): EmitResult {
+  emit(s: RequesterState, ctx: EngineContext, sq: WorkQueue<SendWqe>, compPsn: Psn, budget: number): EmitResult {
     // One record for every requester, read by the caller before anything emits again: a run per
     // message with thousands of QPs made a fresh one per message, and one per requester was cold.
     const res = EMIT_RESULT;
@@ -141,20 +146,20 @@ export class Requester {
     res.expectsResponse = false;
     res.error = undefined;
     while (res.sent < budget) {
-      if (this.blocked(ctx, sq, compPsn) !== undefined) break;
-      const wqe = sq.at(this.cursor)!;
+      if (this.blocked(s, ctx, sq, compPsn) !== undefined) break;
+      const wqe = sq.at(s.reqCursor)!;
       if (wqe.state === 'pending' || wqe.state === 'done') {
-        this.cursor++;
+        s.reqCursor++;
         continue;
       }
       if (wqe.state === 'posted') {
-        const status = this.start(ctx, wqe);
+        const status = this.start(s, ctx, wqe);
         if (status !== undefined) {
           res.error = { wqe, status };
           return res;
         }
       }
-      this.sendOne(ctx, wqe);
+      this.sendOne(s, ctx, wqe);
       res.sent++;
       if (ctx.type === 'RC') res.expectsResponse = true;
     }
@@ -165,7 +170,7 @@ export class Requester {
    * Starts a WQE: resolves its local memory (IBTA 10.7.2.2: L_Key, PD, bounds, LOCAL_WRITE for
    * READ/atomic targets), checks lengths, and assigns its PSNs. Returns an error status on failure.
    */
-  private start(ctx: EngineContext, wqe: SendWqe): WcStatus | undefined {
+  private start(s: RequesterState, ctx: EngineContext, wqe: SendWqe): WcStatus | undefined {
     const mtu = ctx.type === 'UD' ? ctx.attrs.portMtu : ctx.attrs.pathMtu;
     if (wqe.length > DEVICE_LIMITS.maxMsgSize) return 'LOC_LEN_ERR';
     if (ctx.type === 'UD' && wqe.length > mtu) return 'LOC_LEN_ERR';
@@ -184,22 +189,22 @@ export class Requester {
     }
     // Normally a no-op. After a go-back-N the completer may retire a WQE whose resend had not
     // finished; its PSNs up to highPsn are spent, and a new WQE must not reuse them.
-    this.psn = this.highPsn;
-    wqe.firstPsn = this.psn;
-    wqe.lastPsn = psnAdd(this.psn, wqe.npkts - 1);
+    s.reqPsn = s.reqHighPsn;
+    wqe.firstPsn = s.reqPsn;
+    wqe.lastPsn = psnAdd(s.reqPsn, wqe.npkts - 1);
     wqe.nextPkt = 0;
     wqe.readPlaced = 0;
     wqe.state = 'processing';
     if (wqe.readOrAtomic) {
       wqe.holdsRdAtomic = true;
-      this.rdAtomicOutstanding++;
+      s.reqRdAtomic++;
     }
     return undefined;
   }
 
-  private sendOne(ctx: EngineContext, wqe: SendWqe): void {
-    const f = this.f;
-    const parts = this.parts;
+  private sendOne(s: RequesterState, ctx: EngineContext, wqe: SendWqe): void {
+    const f = REQUEST_FIELDS;
+    const parts = REQUEST_PARTS;
     clearParts(parts);
     const k = wqe.nextPkt;
     const psn = psnAdd(wqe.firstPsn, k);
@@ -218,11 +223,11 @@ export class Requester {
       f.va = wqe.remoteAddr + BigInt(off);
       f.rkey = wqe.rkey;
       f.dmaLength = wqe.length - off;
-      parts.push(this.hb.build(f));
-      this.finishPacket(ctx, dst, psn, wqe.npkts - k);
+      parts.push(SHARED_HEADER_BUILDER.build(f));
+      this.finishPacket(s, ctx, dst, psn, wqe.npkts - k);
       wqe.nextPkt = wqe.npkts;
       wqe.state = 'pending';
-      this.cursor++;
+      s.reqCursor++;
       return;
     }
     if (wqe.opcode === 'ATOMIC_CMP_AND_SWP' || wqe.opcode === 'ATOMIC_FETCH_AND_ADD') {
@@ -233,11 +238,11 @@ export class Requester {
       // CmpSwap: swap data, compare data; FetchAdd: add data in the swap/add field (9.3.4).
       f.swapAdd = wqe.opcode === 'ATOMIC_CMP_AND_SWP' ? wqe.swap : wqe.compareAdd;
       f.compare = wqe.opcode === 'ATOMIC_CMP_AND_SWP' ? wqe.compareAdd : 0n;
-      parts.push(this.hb.build(f));
-      this.finishPacket(ctx, dst, psn, 1);
+      parts.push(SHARED_HEADER_BUILDER.build(f));
+      this.finishPacket(s, ctx, dst, psn, 1);
       wqe.nextPkt = 1;
       wqe.state = 'pending';
-      this.cursor++;
+      s.reqCursor++;
       return;
     }
 
@@ -248,8 +253,8 @@ export class Requester {
     f.opcode = requestOpcode(ctx.type, wqe.opcode, pos);
     const end = last;
     // AckReq: end of message, or MAX_PKT_PER_ACK packets without one (rxe's noack_pkts).
-    f.ackReq = end || ++this.noackPkts >= MAX_PKT_PER_ACK;
-    if (f.ackReq) this.noackPkts = 0;
+    f.ackReq = end || ++s.reqNoackPkts >= MAX_PKT_PER_ACK;
+    if (f.ackReq) s.reqNoackPkts = 0;
     f.se = end && wqe.solicited;
     f.padCount = padFor(len);
     if (k === 0 && (wqe.opcode === 'RDMA_WRITE' || wqe.opcode === 'RDMA_WRITE_WITH_IMM')) {
@@ -264,26 +269,26 @@ export class Requester {
       f.qkey = (wqe.remoteQkey & 0x80000000) !== 0 ? ctx.attrs.qkey : wqe.remoteQkey >>> 0;
       f.srcQp = ctx.qpn;
     }
-    parts.push(this.hb.build(f));
+    parts.push(SHARED_HEADER_BUILDER.build(f));
     if (len > 0) gather(wqe.segments!, off, len, parts);
     if (f.padCount) parts.push(PAD[f.padCount]!);
-    this.finishPacket(ctx, dst, psn, 1);
+    this.finishPacket(s, ctx, dst, psn, 1);
     wqe.nextPkt = k + 1;
     if (end) {
       wqe.state = ctx.type === 'RC' ? 'pending' : 'done';
-      this.cursor++;
+      s.reqCursor++;
     }
   }
 
-  private finishPacket(ctx: EngineContext, dst: { address: string; port: number }, psn: Psn, span: number): void {
-    ctx.transmit(dst, this.parts);
+  private finishPacket(s: RequesterState, ctx: EngineContext, dst: { address: string; port: number }, psn: Psn, span: number): void {
+    ctx.transmit(dst, REQUEST_PARTS);
     // Emptied at once, not at the next packet: a QP that sends rarely (one of thousands) would
     // otherwise keep its last payload view alive long enough to be promoted, every time.
-    clearParts(this.parts);
-    if (psnLt(psn, this.highPsn)) ctx.counters.retransPkts++;
+    clearParts(REQUEST_PARTS);
+    if (psnLt(psn, s.reqHighPsn)) ctx.counters.retransPkts++;
     const next = psnAdd(psn, span);
-    if (psnLt(this.highPsn, next)) this.highPsn = next;
-    this.psn = next;
+    if (psnLt(s.reqHighPsn, next)) s.reqHighPsn = next;
+    s.reqPsn = next;
   }
 
   /**
@@ -291,9 +296,9 @@ export class Requester {
    * `from` is re-emitted from the packet that carries `from`; a READ is re-requested for the
    * rest of its data. WQEs not yet started are unaffected.
    */
-  rewind(sq: WorkQueue<SendWqe>, from: Psn): void {
-    this.psn = from;
-    this.noackPkts = 0;
+  rewind(s: RequesterState, sq: WorkQueue<SendWqe>, from: Psn): void {
+    s.reqPsn = from;
+    s.reqNoackPkts = 0;
     let cursor: number | undefined;
     for (let i = sq.head; i < sq.tail; i++) {
       const w = sq.at(i)!;
@@ -305,6 +310,9 @@ export class Requester {
       w.state = 'processing';
       if (cursor === undefined) cursor = i;
     }
-    this.cursor = cursor ?? Math.max(this.cursor, sq.head);
+    s.reqCursor = cursor ?? Math.max(s.reqCursor, sq.head);
   }
 }
+
+/** The one requester: it keeps no state of its own. */
+export const REQUESTER = new Requester();

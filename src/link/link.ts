@@ -11,6 +11,7 @@
  * sent and received to a capture).
  */
 
+import type { Clock } from '../runtime/clock.js';
 import type { IcrcMode, IcrcStatus } from '../wire/icrc.js';
 
 export interface PeerAddress {
@@ -52,6 +53,12 @@ export interface Link {
   readonly caps: LinkCaps;
   /** The local address and port the link sends from and receives on. */
   readonly local: PeerAddress;
+  /**
+   * Optional: the clock `RxMeta.at` is read on, for a link that reads it as it receives (within
+   * a batch, at most 32 datagrams before the handler sees one). A device on the same clock takes
+   * that time instead of reading the clock again for every packet.
+   */
+  readonly rxClock?: Clock;
   /**
    * Sends one RoCEv2 UDP payload, given as parts (e.g. headers, payload view, pad) WITHOUT
    * the 4 ICRC bytes: the link computes and appends the ICRC when `caps.icrcGenerate`.

@@ -421,6 +421,11 @@ export class UdpLink implements WireLink {
     return link;
   }
 
+  /** The clock `RxMeta.at` is read on (the `Link` contract). */
+  get rxClock(): Clock {
+    return this.clock;
+  }
+
   get drops(): Readonly<Record<LinkDropReason, number>> {
     return this.drop;
   }

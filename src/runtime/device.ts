@@ -77,6 +77,12 @@ export class Device {
   onEvent: (ev: AsyncEvent) => void = () => {};
   private readonly opts: DeviceOptions;
   private readonly qps = new Map<Qpn, QueuePair>();
+  // A direct-mapped index of the QPs by the low bits of their QPN, as a NIC indexes its QP context
+  // table: one array slot per lookup, where the map's buckets and entries were two more cold lines
+  // per packet with thousands of QPs. New QPNs skip numbers whose slot is taken, so every QP the
+  // allocator numbers has its slot; the map stays the registry, and answers for the rest (a special
+  // QPN whose slot was taken). Twice as many slots as QPs: growing keeps distinct slots distinct.
+  private qpSlots: (QueuePair | undefined)[] = new Array<QueuePair | undefined>(64).fill(undefined);
   // QP deadlines (ACK, RNR and pacing timers): one heap, and one clock timer for its earliest entry.
   // A timer per QP cost a Timeout, a closure and a map entry each time a QP armed one, which with
   // thousands of QPs is once per message. An entry is live while `qp.timerAt` equals its deadline;
@@ -97,6 +103,8 @@ export class Device {
   private lastNormalized: string | undefined;
   private closed = false;
   private readonly virtual: boolean;
+  /** `RxMeta.at` is on this device's clock (see `deliver`). */
+  private readonly rxTimeOnClock: boolean;
   private readonly io: QpIo;
   private readonly rxInfo: RxInfo = { srcAddress: '', dstAddress: '', udpLength: 0 };
   private readonly ackRecord = newAckRecord();
@@ -109,6 +117,7 @@ export class Device {
     this.link = opts.link;
     this.clock = opts.clock;
     this.virtual = opts.clock instanceof VirtualClock;
+    this.rxTimeOnClock = opts.link.rxClock !== undefined && opts.link.rxClock === opts.clock;
     this.gid = gidOf(opts.link.local.address);
     const linkMtu = [4096, 2048, 1024, 512, 256].find((m) => m + MAX_HEADER_OVERHEAD <= opts.link.caps.maxDatagram) ?? 256;
     this.portMtu = Math.min(opts.mtu ?? DEFAULT_PORT_MTU, linkMtu);
@@ -157,7 +166,9 @@ export class Device {
       if (!(o.qpn > 0 && o.qpn < FIRST_QPN) || this.qps.has(o.qpn)) throw new RoceError('ERR_INVALID_ATTR', `QPN ${o.qpn} is not a free special QPN`);
       qpn = o.qpn;
     } else {
-      while (this.qps.has(qpn)) qpn = qpn >= 0xffffff ? FIRST_QPN : qpn + 1;
+      if (2 * (this.qps.size + 1) > this.qpSlots.length) this.growSlots();
+      const mask = this.qpSlots.length - 1;
+      while (this.qps.has(qpn) || this.qpSlots[qpn & mask] !== undefined) qpn = qpn >= 0xffffff ? FIRST_QPN : qpn + 1;
       this.nextQpn = qpn >= 0xffffff ? FIRST_QPN : qpn + 1;
     }
     const qp = new QueuePair({
@@ -166,8 +177,22 @@ export class Device {
     });
     qp.cc = qpCongestion(o.cc ?? this.opts.cc, qp, this.virtual, this.clock.now());
     this.qps.set(qpn, qp);
+    const slot = qpn & (this.qpSlots.length - 1);
+    if (this.qpSlots[slot] === undefined) this.qpSlots[slot] = qp;
     qp.attached = true;
     return qp;
+  }
+
+  private growSlots(): void {
+    const slots = new Array<QueuePair | undefined>(this.qpSlots.length * 2).fill(undefined);
+    const mask = slots.length - 1;
+    for (const q of this.qpSlots) if (q !== undefined) slots[q.qpn & mask] = q;
+    this.qpSlots = slots;
+  }
+
+  private lookupQp(qpn: Qpn): QueuePair | undefined {
+    const q = this.qpSlots[qpn & (this.qpSlots.length - 1)];
+    return q !== undefined && q.qpn === qpn ? q : this.qps.get(qpn);
   }
 
   destroyQp(qp: QueuePair): void {
@@ -177,11 +202,13 @@ export class Device {
     this.cancel(qp);
     qp.queued = false; // left in the ready queue, where a detached QP is skipped
     this.qps.delete(qp.qpn);
+    const slot = qp.qpn & (this.qpSlots.length - 1);
+    if (this.qpSlots[slot] === qp) this.qpSlots[slot] = undefined;
     qp.attached = false;
   }
 
   qp(qpn: Qpn): QueuePair | undefined {
-    return this.qps.get(qpn);
+    return this.lookupQp(qpn);
   }
 
   /** Time on the device's clock, µs. */
@@ -316,7 +343,7 @@ export class Device {
       this.feedCnp(pkt.bth.destQp, meta);
       return;
     }
-    const qp = this.qps.get(pkt.bth.destQp);
+    const qp = this.lookupQp(pkt.bth.destQp);
     if (!qp) return this.drop('noQp', `no QP 0x${pkt.bth.destQp.toString(16)}`);
     // check_type_state: the opcode's transport must be the QP's (9.6.1.2.1).
     if (info.transport !== qp.type) return this.drop('badTransport', `${info.name} to a ${qp.type} QP`);
@@ -337,7 +364,11 @@ export class Device {
       if (src === undefined || src !== qp.attrs.dest?.address) return this.drop('badAddr', `from ${meta.src.address}`);
     }
     c.rcvdPkts++;
-    const now = this.clock.now();
+    // The link's receive time when it is on this clock: one reading per batch, not per packet.
+    // It is earlier than the clock by the batch's work so far, well under a millisecond (the
+    // link refreshes it every 32 datagrams); timers armed from it run that much early, within
+    // what a kernel timer's jiffy would round.
+    const now = this.rxTimeOnClock ? meta.at : this.clock.now();
     if (this.np !== undefined && info.request) this.np.onRequest(qp, payload, meta, now, pkt.deth?.srcQp);
     // One record for every packet: the engines read it during the call only (the GRH of a UD receive).
     const rx = this.rxInfo;
@@ -355,7 +386,7 @@ export class Device {
 
   /** A CNP for `qpn` feeds that QP's RP, if it has one and the CNP came from its peer. */
   private feedCnp(qpn: Qpn, meta: RxMeta): void {
-    const qp = this.qps.get(qpn);
+    const qp = this.lookupQp(qpn);
     if (qp?.cc === undefined || qp.type === 'UD' || this.normalize(meta.src.address) !== qp.attrs.dest?.address) return;
     qp.cc.onCnp(this.clock.now());
     this.kick(qp);

@@ -102,9 +102,9 @@ t.test('RNR NAK: wait the timer, then resend; counters reset on progress', async
   t.same(h.poll(1000 + rnrTimerUs(14) - 1), [], 'nothing before the RNR timer');
   t.equal(h.qp.pollAt(), 1000 + rnrTimerUs(14));
   t.same(h.names(h.poll(1000 + rnrTimerUs(14))), ['SEND_ONLY@100!']);
-  t.equal(h.qp.completer.rnrRetry, 1);
+  t.equal(h.qp.compRnrRetry, 1);
   h.send(ack(S));
-  t.equal(h.qp.completer.rnrRetry, 2, 'reset on progress');
+  t.equal(h.qp.compRnrRetry, 2, 'reset on progress');
   t.match(h.scq.poll(1), [{ status: 'SUCCESS' }]);
 });
 
@@ -161,7 +161,7 @@ t.test('a partial ACK restarts the timer and the retry counter', async (t) => {
   const to = ackTimeoutUs(10)!;
   h.poll(to); // retry 1 of 1
   h.send(ack(S + 63), to + 10);
-  t.equal(h.qp.completer.retryCnt, 1, 'progress resets retryCnt');
+  t.equal(h.qp.compRetryCnt, 1, 'progress resets retryCnt');
   t.equal(h.qp.pollAt(), to + 10 + to, 'timer restarted by progress');
 });
 

@@ -26,8 +26,8 @@ for (const lossy of [false, true]) {
     t.equal(sha256(rdst.buffer), sha256(rsrc.buffer), 'READ');
     t.equal(sha256(sdst.buffer), sha256(src.buffer), 'SEND');
     // 0xfffff0 + 64 (WRITE) + 64 (READ) + 64 (SEND) wraps to 0xb0.
-    t.equal(qa.core.requester.psn, 0xb0, 'requester PSN wrapped');
-    t.equal(qa.core.completer.psn, 0xb0, 'completer PSN wrapped');
+    t.equal(qa.core.reqPsn, 0xb0, 'requester PSN wrapped');
+    t.equal(qa.core.compPsn, 0xb0, 'completer PSN wrapped');
     t.equal(qb.core.responder.psn, 0xb0, 'responder PSN wrapped');
     if (lossy) t.ok(p.a.ctx.counters.retransPkts > 0, 'losses were repaired across the wrap');
   });
