@@ -222,9 +222,9 @@ export class Device {
    * then armed rather than run at once, which costs a timer and not a wrong answer.
    */
   kick(qp: QueuePair, now: number = this.clock.now()): void {
-    // A flag on the QP rather than a map probe: with thousands of QPs the map's entry is one more
-    // cold cache line per kick.
-    // A QP in the ready queue runs on the next turn, and that run kicks it again: nothing to decide.
+    // Flags on the QP rather than map probes: with thousands of QPs a map's entry is one more cold
+    // cache line per kick. A QP in the ready queue runs on the next turn, and that run kicks it
+    // again: nothing to decide before then.
     if (this.closed || !qp.attached || qp.queued) return;
     const t = qp.pollAt();
     if (t === undefined) {
@@ -236,10 +236,8 @@ export class Device {
     if (t <= now) {
       // The entry stays: a QP with traffic becomes ready once per message and will want its ACK
       // deadline again; an early wake-up is a no-op poll that re-arms for the real deadline.
-      if (!qp.queued) {
-        qp.queued = true;
-        this.ready.push(qp);
-      }
+      qp.queued = true;
+      this.ready.push(qp);
       this.deferRun();
       return;
     }
@@ -293,7 +291,7 @@ export class Device {
     this.runReady();
   };
 
-  /** Runs every QP that is ready, once: the set is swapped for an empty one, so QPs made ready meanwhile wait for the next run. */
+  /** Runs every QP that is ready, once: the queue is swapped for an empty one, so QPs made ready meanwhile wait for the next run. */
   private runReady(): void {
     const batch = this.ready;
     if (batch.length === 0) return;
