@@ -65,11 +65,6 @@ export interface CompleterContext extends EngineContext, CompleterState {
   retireWqe(wqe: SendWqe): void;
 }
 
-/** A fresh completer state (a QP in RESET). */
-export function newCompleterState(): CompleterState {
-  return { compPsn: 0, compOpcode: -1, compRetryCnt: 0, compRnrRetry: 0, compStartedRetry: false, compStaleReadPsn: -1 };
-}
-
 export class Completer {
   reset(ctx: CompleterState, sqPsn: Psn, retryCnt: number, rnrRetry: number): void {
     ctx.compPsn = sqPsn;
