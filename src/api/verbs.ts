@@ -289,7 +289,7 @@ export function postSend(qp: Qp, wr: SendWr | readonly SendWr[]): void {
   const now = d.now();
   if (Array.isArray(wr)) qp.core.postSend(now, wr);
   else qp.core.postSendOne(now, wr as SendWr);
-  d.kick(qp.core, now);
+  d.posted(qp.core, now);
 }
 
 export function postRecv(qp: Qp, wr: RecvWr | readonly RecvWr[]): void {

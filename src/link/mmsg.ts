@@ -474,13 +474,14 @@ export class RxRing {
     let budget = RX_BUDGET;
     while (!this.closed && budget > 0) {
       const gro = this.gro;
-      for (let i = 0; i < BATCH; i++) {
+      const want = gro ? GRO_BATCH : BATCH;
+      // Only the headers recvmmsg may fill: with GRO a quarter of them.
+      for (let i = 0; i < want; i++) {
         dv.setUint32(i * MMSG + OFF_NAMELEN, nameLen, isLittleEndian);
         dv.setInt32(i * MMSG + OFF_FLAGS, 0, isLittleEndian);
         // The kernel sets msg_controllen to what it wrote: reset to the room there is.
         if (gro) dv.setUint32(i * MMSG + OFF_CONTROLLEN, CMSG_INT, isLittleEndian);
       }
-      const want = gro ? GRO_BATCH : BATCH;
       const r = this.ffi.recvmmsg(this.fd, this.vec, want, MSG_DONTWAIT, null);
       if (r <= 0) break; // EAGAIN: drained (any other error: nothing to read either)
       this.before();

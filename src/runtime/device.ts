@@ -11,8 +11,10 @@
  * ever throws.
  *
  * Egress and time: after anything touches a QP, the device asks it `pollAt()` and either runs
- * it on the next event-loop turn (ASAP work; several posts coalesce into one run) or arms one
- * clock timer for its deadline. Only this file (and the links) touch clocks and sockets.
+ * it on the next event-loop turn (ASAP work; several kicks coalesce into one run) or arms one
+ * clock timer for its deadline. On a real clock a posted send is the exception: its QP runs in a
+ * microtask, before the event loop turns (`posted`). Only this file (and the links) touch clocks
+ * and sockets.
  */
 
 import type { Link, RxMeta } from '../link/link.js';
@@ -249,6 +251,34 @@ export class Device {
     this.deadlines.push(t, qp);
     if (t < this.armedAt) this.arm(t);
   }
+
+  /**
+   * After a post to `qp`'s send queue: on a real clock a QP with work to do now runs in a microtask,
+   * before control returns to the event loop, and its datagrams leave with the flush that ends this
+   * stretch of JavaScript, as rxe_post_send runs the requester in the posting process's context
+   * ("utilize process context to do protocol processing"). Left to the next event-loop turn (a
+   * `kick`), every message waited one turn on each side of a ping-pong: a third of its round trip.
+   * Posts made in one stretch (a loop over completions) still share one run, and a microtask never
+   * runs inside an engine's call: a post from a completion hook waits for the engine to return.
+   * A virtual clock keeps its runs as scheduled events, in order.
+   */
+  posted(qp: QueuePair, now: number): void {
+    if (this.virtual || this.closed || !qp.attached || qp.queued) return this.kick(qp, now);
+    const t = qp.pollAt();
+    if (t === undefined || t > now) return this.kick(qp, now);
+    qp.queued = true;
+    this.ready.push(qp);
+    if (!this.postRunPending) {
+      this.postRunPending = true;
+      queueMicrotask(this.postRunTask);
+    }
+  }
+
+  private postRunPending = false;
+  private readonly postRunTask = (): void => {
+    this.postRunPending = false;
+    this.runReady();
+  };
 
   private cancel(qp: QueuePair): void {
     qp.timerAt = -1; // its heap entry, if any, is now stale

@@ -1,0 +1,83 @@
+/**
+ * When a posted send runs (src/runtime/device.ts, `posted`): on a real clock, before the event loop
+ * turns — in a microtask after the posting code — so a reply posted in answer to a completion
+ * leaves in the same turn; several posts of one stretch share that run; a post from inside a
+ * completion hook still waits for the engine that called it to return.
+ */
+import t from 'tap';
+import { allocPd, closeDevice, createCq, openDevice, pollCq, postSend, regMr, type Context } from '../../src/api/verbs.js';
+import { MemoryLink } from '../../src/link/memory.js';
+import { SystemClock } from '../../src/runtime/clock.js';
+import { ALL_ACCESS, connectPair, type Side } from '../helpers/engine.js';
+
+async function systemPair(): Promise<{ a: Side; b: Side; la: MemoryLink; close: () => Promise<void> }> {
+  const clock = new SystemClock();
+  const [la, lb] = MemoryLink.pair(clock, { latencyUs: 0 });
+  const side = async (link: MemoryLink): Promise<Side> => {
+    const ctx: Context = await openDevice({ address: link.local.address, link, clock });
+    return { ctx, pd: allocPd(ctx), cq: createCq(ctx, { cqe: 256 }) };
+  };
+  const a = await side(la);
+  const b = await side(lb);
+  return { a, b, la, close: async () => Promise.all([closeDevice(a.ctx), closeDevice(b.ctx)]).then(() => undefined) };
+}
+
+const turn = (): Promise<void> => new Promise((resolve) => setImmediate(resolve));
+const pause = (): Promise<void> => new Promise((resolve) => setTimeout(resolve, 1));
+
+/** Successful completions' wrIds from `side`'s CQ until `n` have come or 2 s have passed. */
+async function completions(side: Side, n: number): Promise<number[]> {
+  const done: number[] = [];
+  const until = Date.now() + 2000;
+  while (done.length < n && Date.now() < until) {
+    await pause();
+    for (const wc of pollCq(side.cq, 8)) if (wc.status === 'SUCCESS') done.push(Number(wc.wrId));
+  }
+  return done;
+}
+const microtask = (): Promise<void> => new Promise((resolve) => queueMicrotask(resolve));
+
+t.test('a send posted by the application leaves before the event loop turns', async (t) => {
+  const p = await systemPair();
+  t.teardown(p.close);
+  const [qa] = connectPair(p, 'RC');
+  const mr = regMr(p.a.pd, new Uint8Array(64), ALL_ACCESS);
+  const target = regMr(p.b.pd, new Uint8Array(64), ALL_ACCESS);
+  await turn();
+  const before = p.la.counters.sent;
+  postSend(qa, { wrId: 1, opcode: 'RDMA_WRITE', sgList: [mr.sge(0, 8)], rdma: { remoteAddr: target.va(0), rkey: target.rkey } });
+  t.equal(p.la.counters.sent, before, 'not inside postSend itself');
+  await microtask();
+  t.equal(p.la.counters.sent, before + 1, 'on the link after the posting code, with no event-loop turn');
+
+  // Four posts in one stretch: one run, all four on the link before the loop turns.
+  for (let i = 0; i < 4; i++) postSend(qa, { wrId: 10 + i, opcode: 'RDMA_WRITE', sgList: [mr.sge(0, 8)], rdma: { remoteAddr: target.va(0), rkey: target.rkey } });
+  await microtask();
+  t.equal(p.la.counters.sent, before + 5, 'the four posts of one stretch sent together');
+
+  t.same(await completions(p.a, 5), [1, 10, 11, 12, 13], 'every one completes, in order');
+});
+
+t.test('a post from a completion hook waits for the engine that called the hook', async (t) => {
+  const p = await systemPair();
+  t.teardown(p.close);
+  const [qa] = connectPair(p, 'RC');
+  const mr = regMr(p.a.pd, new Uint8Array(64), ALL_ACCESS);
+  const target = regMr(p.b.pd, new Uint8Array(64), ALL_ACCESS);
+  const write = (wrId: number): void =>
+    postSend(qa, { wrId, opcode: 'RDMA_WRITE', sgList: [mr.sge(0, 8)], rdma: { remoteAddr: target.va(0), rkey: target.rkey } });
+  let sentInHook = -1;
+  let sentAfterPostInHook = -1;
+  p.a.cq.core.onCompletion = () => {
+    if (sentInHook >= 0) return;
+    sentInHook = p.la.counters.sent;
+    write(2); // called from the completer, inside the device's receive
+    sentAfterPostInHook = p.la.counters.sent;
+  };
+  await turn();
+  write(1);
+  const done = await completions(p.a, 2);
+  t.ok(sentInHook >= 1, 'the hook ran');
+  t.equal(sentAfterPostInHook, sentInHook, 'nothing sent from inside the engine');
+  t.same(done, [1, 2], 'the WRITE posted from the hook still goes out and completes');
+});
