@@ -1,7 +1,8 @@
 /**
  * RC ping-pong latency between two processes over loopback, against the raw `dgram` ping-pong of the
- * same datagram size (`dgramRttName`). The pinger (127.0.0.1) runs on CPU 0 and the ponger (127.0.0.2)
- * on CPU 1, as the `dgram` pinger and echo do, so that both pay the same cross-CPU wake-ups.
+ * same datagram size, which the suite runs in the same pair of processes between its RC cases, round
+ * by round (`latBaselineName`). The pinger (127.0.0.1) runs on CPU 0 and the ponger (127.0.0.2) on
+ * CPU 1, as the `dgram` pinger and echo do, so that both pay the same cross-CPU wake-ups.
  *
  * - SEND/RECV: the pinger posts a SEND and waits for the ponger's SEND in its receive completion; the
  *   ponger answers each receive with a SEND. Sends are unsignaled (no send completions to reap); each
@@ -17,7 +18,7 @@
  * with an immediate) so that the baseline is the 64-byte `dgram` ping-pong; one SEND case fills a
  * 1100-byte datagram. Path MTU 4096.
  *
- * Run alone: `node dist/bench/latency.bench.js [--quick] [--baseline]` (after `npm run build`).
+ * Run alone: `node dist/bench/latency.bench.js [--quick]` (after `npm run build`).
  */
 
 import { performance } from 'node:perf_hooks';
@@ -25,9 +26,9 @@ import { setImmediate as yieldTurn } from 'node:timers/promises';
 import { pathToFileURL } from 'node:url';
 import { destroyCq, postRecv, postSend, regMr } from '../src/api/verbs.js';
 import type { RecvWr, SendWr } from '../src/core/types.js';
-import { dgramRttName } from './dgram.bench.js';
+import { workloads as dgramWorkloads } from './dgram.bench.js';
 import { formatRows, type BenchRow } from './harness.js';
-import { machineLine, runCases, type ChildContext, type ProcCase, type Workload } from './procs.js';
+import { machineLine, runCases, type CaseOutcome, type ChildContext, type ProcCase, type Workload } from './procs.js';
 import {
   closeSide, connectRc, makeRcQp, openSide, peerInfo, psnFor, settle, RX_ADDRESS, TX_ADDRESS, type QpInfo, type Side,
 } from './rc-common.js';
@@ -187,7 +188,8 @@ const latPonger: Workload = async (args: LatArgs, ctx: ChildContext): Promise<{ 
   }
 };
 
-export const workloads: Record<string, Workload> = { latPinger, latPonger };
+// The `dgram` ping-pong's two sides as well: the suite runs its baseline between its own rounds.
+export const workloads: Record<string, Workload> = { latPinger, latPonger, pingPinger: dgramWorkloads['pingPinger']!, pingPonger: dgramWorkloads['pingPonger']! };
 
 // ---------------------------------------------------------------------------------------------------
 // Suite
@@ -210,15 +212,38 @@ export function latRowName(c: LatCase, stat: 'median' | 'p99'): string {
   return `rc ping-pong ${how} ${c.size} B (${c.datagram} B datagram): RTT ${stat}`;
 }
 
+/** The baseline row: the `dgram` ping-pong of a datagram size, run between this suite's own rounds. */
+export function latBaselineName(datagram: number, stat: 'median' | 'p99'): string {
+  return `dgram ping-pong ${datagram} B, between the RC rounds: RTT ${stat}`;
+}
+
+const BASELINE_SIZES = [64, 1100] as const;
+
 export async function run(opts: SuiteOptions): Promise<BenchRow[]> {
   const quick = opts.quick;
   const windowMs = quick ? 300 : 1000;
   const rounds = quick ? 3 : 5;
-  const cases: ProcCase[] = CASES.map((c) => ({
+  const warmup = quick ? 500 : 2000;
+  // The baseline runs in the same pair of processes, round by round between the RC cases: this VM's
+  // wake-up latency, most of a sleeping round trip, drifts by half within minutes, so a baseline taken
+  // in the `dgram` suite minutes earlier moved the ratios more than the code did.
+  const baselineCases: ProcCase[] = BASELINE_SIZES.map((size) => ({
+    name: latBaselineName(size, 'median'),
+    timeoutMs: 5000 + 3 * windowMs,
+    tasks: {
+      tx: { workload: 'pingPinger', args: { size, warmup, windowMs, maxSamples: 200_000 } },
+      rx: { workload: 'pingPonger', primary: false },
+    },
+    measure: (r) => {
+      const p = r['tx'] as LatResult;
+      return { median: p.medianUs, p99: p.p99Us, n: p.n };
+    },
+  }));
+  const rcCases: ProcCase[] = CASES.map((c) => ({
     name: latRowName(c, 'median'),
     timeoutMs: 15_000 + 3 * windowMs,
     tasks: {
-      tx: { workload: 'latPinger', args: { mode: c.mode, size: c.size, warmup: quick ? 500 : 2000, windowMs, maxSamples: 200_000 } satisfies LatArgs },
+      tx: { workload: 'latPinger', args: { mode: c.mode, size: c.size, warmup, windowMs, maxSamples: 200_000 } satisfies LatArgs },
       rx: { workload: 'latPonger', primary: false, args: { mode: c.mode, size: c.size, warmup: 0, windowMs, maxSamples: 0 } satisfies LatArgs },
     },
     measure: (r) => {
@@ -227,20 +252,31 @@ export async function run(opts: SuiteOptions): Promise<BenchRow[]> {
     },
   }));
   let noted = false;
-  const outcomes = await runCases(() => spawnPair(new URL(import.meta.url)), cases, rounds, (g) => {
-    if (!noted) opts.log?.(`${g.pinning}; ${rounds} rounds of ${windowMs} ms after ${quick ? 500 : 2000} round trips of warmup; path MTU ${MTU}; medians`);
+  // Each baseline just before the RC cases of its datagram size.
+  const order = [baselineCases[0]!, ...rcCases.slice(0, 3), baselineCases[1]!, rcCases[3]!];
+  const outcomeOf = (c: ProcCase): CaseOutcome => outcomes[order.indexOf(c)]!;
+  const outcomes = await runCases(() => spawnPair(new URL(import.meta.url)), order, rounds, (g) => {
+    if (!noted) opts.log?.(`${g.pinning}; ${rounds} rounds of ${windowMs} ms after ${warmup} round trips of warmup, the dgram ping-pong between the RC cases of every round; path MTU ${MTU}; medians`);
     noted = true;
   });
   const rows: BenchRow[] = [];
+  BASELINE_SIZES.forEach((size, i) => {
+    const o = outcomeOf(baselineCases[i]!);
+    for (const stat of ['median', 'p99'] as const) {
+      rows.push({ name: latBaselineName(size, stat), value: o.error !== undefined || o.rounds.length === 0 ? NaN : o.medians[stat]!, unit: 'µs' });
+    }
+    if (o.error !== undefined) opts.log?.(`FAILED ${latBaselineName(size, 'median')}: ${o.error}`);
+  });
+  const baselines = rows.slice();
   CASES.forEach((c, i) => {
-    const o = outcomes[i]!;
+    const o = outcomeOf(rcCases[i]!);
     if (o.error !== undefined || o.rounds.length === 0) {
       opts.log?.(`FAILED ${latRowName(c, 'median')}: ${o.error ?? 'no round'}`);
       rows.push({ name: latRowName(c, 'median'), value: NaN, unit: 'µs' });
       return;
     }
     for (const stat of ['median', 'p99'] as const) {
-      rows.push(withBaseline({ name: latRowName(c, stat), value: o.medians[stat]!, unit: 'µs' }, dgramRttName(c.datagram, stat), opts.baselines));
+      rows.push(withBaseline({ name: latRowName(c, stat), value: o.medians[stat]!, unit: 'µs' }, latBaselineName(c.datagram, stat), baselines));
     }
     opts.log?.(`${latRowName(c, 'median')}: ${Math.round(o.medians['n']!)} round trips per round`);
   });
@@ -251,8 +287,5 @@ if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(process.a
   console.log(machineLine());
   const quick = process.argv.includes('--quick');
   const log = (l: string): void => console.log(l);
-  const { run: runDgram } = await import('./dgram.bench.js');
-  const baselines = process.argv.includes('--baseline') ? await runDgram({ quick, log }) : undefined;
-  const rows = await run(baselines ? { quick, log, baselines } : { quick, log });
-  console.log(formatRows(rows));
+  console.log(formatRows(await run({ quick, log })));
 }
