@@ -267,17 +267,20 @@ export class Device {
     const t = qp.pollAt();
     if (t === undefined || t > now) return this.kick(qp, now);
     qp.queued = true;
-    this.ready.push(qp);
-    if (!this.postRunPending) {
-      this.postRunPending = true;
-      queueMicrotask(this.postRunTask);
-    }
+    this.postedQps.push(qp);
+    if (this.postedQps.length === 1) queueMicrotask(this.postRunTask);
   }
 
-  private postRunPending = false;
+  // Posted QPs wait in a queue of their own: the microtask runs only them. The ready queue may hold a
+  // QP whose ACK deadline passed on this turn's timers; it must run after the turn has read its
+  // input (QueuePair.poll: a response already waiting counts), not before.
+  private postedQps: QueuePair[] = [];
+  private postedSpare: QueuePair[] = [];
   private readonly postRunTask = (): void => {
-    this.postRunPending = false;
-    this.runReady();
+    const batch = this.postedQps;
+    this.postedQps = this.postedSpare;
+    this.runBatch(batch);
+    this.postedSpare = batch;
   };
 
   private cancel(qp: QueuePair): void {
@@ -326,6 +329,11 @@ export class Device {
     const batch = this.ready;
     if (batch.length === 0) return;
     this.ready = this.spare;
+    this.runBatch(batch);
+    this.spare = batch;
+  }
+
+  private runBatch(batch: QueuePair[]): void {
     // One clock reading for the batch: with one message per QP a reading per QP was a tenth of the
     // run's cost. The QPs see the time the batch started; a deadline that passes during the batch
     // is armed instead of run at once (see kick).
@@ -337,7 +345,6 @@ export class Device {
       this.runQp(qp, now);
     }
     batch.length = 0;
-    this.spare = batch;
   }
 
   private runQp(qp: QueuePair, now: number = this.clock.now()): void {
@@ -468,6 +475,7 @@ export class Device {
     if (this.closed) return;
     // Coalesced ACKs still waiting for the end of the receive batch go out before the link closes.
     for (const qp of this.ready) if (qp.queued) qp.responder.flushAck(qp);
+    for (const qp of this.postedQps) if (qp.queued) qp.responder.flushAck(qp);
     this.closed = true;
     this.gsi.close();
     this.armed?.cancel();
@@ -475,7 +483,9 @@ export class Device {
     for (const qp of this.deadlines.values()) qp.timerAt = -1;
     this.deadlines.clear();
     for (const qp of this.ready) qp.queued = false;
+    for (const qp of this.postedQps) qp.queued = false;
     this.ready.length = 0;
+    this.postedQps.length = 0;
     await this.link.close();
   }
 }
