@@ -2,7 +2,8 @@
  * When a posted send runs (src/runtime/device.ts, `posted`): on a real clock, before the event loop
  * turns — in a microtask after the posting code — so a reply posted in answer to a completion
  * leaves in the same turn; several posts of one stretch share that run; a post from inside a
- * completion hook still waits for the engine that called it to return.
+ * completion hook still waits for the engine that called it to return; and the microtask runs only
+ * the posted QPs, not the ready queue, whose QPs wait for the turn's input to be read.
  */
 import t from 'tap';
 import { allocPd, closeDevice, createCq, openDevice, pollCq, postSend, regMr, type Context } from '../../src/api/verbs.js';
@@ -10,6 +11,8 @@ import { MemoryLink } from '../../src/link/memory.js';
 import { SystemClock } from '../../src/runtime/clock.js';
 import { ALL_ACCESS, connectPair, type Side } from '../helpers/engine.js';
 
+// The QPs' ACK timeout is 4 s (exponent 20): over a link whose every delivery is a millisecond timer,
+// a shorter one could retransmit before the ACK arrives, and the tests count datagrams sent.
 async function systemPair(): Promise<{ a: Side; b: Side; la: MemoryLink; close: () => Promise<void> }> {
   const clock = new SystemClock();
   const [la, lb] = MemoryLink.pair(clock, { latencyUs: 0 });
@@ -40,7 +43,7 @@ const microtask = (): Promise<void> => new Promise((resolve) => queueMicrotask(r
 t.test('a send posted by the application leaves before the event loop turns', async (t) => {
   const p = await systemPair();
   t.teardown(p.close);
-  const [qa] = connectPair(p, 'RC');
+  const [qa] = connectPair(p, 'RC', { timeout: 20 });
   const mr = regMr(p.a.pd, new Uint8Array(64), ALL_ACCESS);
   const target = regMr(p.b.pd, new Uint8Array(64), ALL_ACCESS);
   await turn();
@@ -61,7 +64,7 @@ t.test('a send posted by the application leaves before the event loop turns', as
 t.test('a post from a completion hook waits for the engine that called the hook', async (t) => {
   const p = await systemPair();
   t.teardown(p.close);
-  const [qa] = connectPair(p, 'RC');
+  const [qa] = connectPair(p, 'RC', { timeout: 20 });
   const mr = regMr(p.a.pd, new Uint8Array(64), ALL_ACCESS);
   const target = regMr(p.b.pd, new Uint8Array(64), ALL_ACCESS);
   const write = (wrId: number): void =>
@@ -80,4 +83,26 @@ t.test('a post from a completion hook waits for the engine that called the hook'
   t.ok(sentInHook >= 1, 'the hook ran');
   t.equal(sentAfterPostInHook, sentInHook, 'nothing sent from inside the engine');
   t.same(done, [1, 2], 'the WRITE posted from the hook still goes out and completes');
+});
+
+t.test('the microtask runs the posted QPs only; a QP already in the ready queue waits for the next turn', async (t) => {
+  const p = await systemPair();
+  t.teardown(p.close);
+  const [qa] = connectPair(p, 'RC', { timeout: 20 });
+  const [qb] = connectPair(p, 'RC', { timeout: 20 });
+  const mr = regMr(p.a.pd, new Uint8Array(64), ALL_ACCESS);
+  const target = regMr(p.b.pd, new Uint8Array(64), ALL_ACCESS);
+  const wr = (wrId: number) => ({ wrId, opcode: 'RDMA_WRITE' as const, sgList: [mr.sge(0, 8)], rdma: { remoteAddr: target.va(0), rkey: target.rkey } });
+  await turn();
+  const device = p.a.ctx.device;
+  const before = p.la.counters.sent;
+  // QP b gets work the way a receive or a timer gives it: a kick, which queues it for the next turn.
+  qb.core.postSendOne(device.now(), wr(1));
+  device.kick(qb.core);
+  postSend(qa, wr(2));
+  await microtask();
+  t.equal(p.la.counters.sent, before + 1, "the posted QP's WRITE only, before the loop turns");
+  await turn();
+  t.equal(p.la.counters.sent, before + 2, "the kicked QP's on the next turn");
+  t.same((await completions(p.a, 2)).sort(), [1, 2], 'both complete');
 });
