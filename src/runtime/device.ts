@@ -202,7 +202,7 @@ export class Device {
     // The coalesced ACK of the last receive batch still goes out, as it would have at once.
     if (!this.closed) qp.responder.flushAck(qp);
     this.cancel(qp);
-    qp.queued = false; // left in the ready queue, where a detached QP is skipped
+    qp.queued = false; // left in the ready (or posted) queue, where a detached QP is skipped
     this.qps.delete(qp.qpn);
     const slot = qp.qpn & (this.qpSlots.length - 1);
     if (this.qpSlots[slot] === qp) this.qpSlots[slot] = undefined;

@@ -11,8 +11,12 @@ import { MemoryLink } from '../../src/link/memory.js';
 import { SystemClock } from '../../src/runtime/clock.js';
 import { ALL_ACCESS, connectPair, type Side } from '../helpers/engine.js';
 
-// The QPs' ACK timeout is 4 s (exponent 20): over a link whose every delivery is a millisecond timer,
-// a shorter one could retransmit before the ACK arrives, and the tests count datagrams sent.
+/**
+ * The QPs' ACK timeout is 4 s (exponent 20): over a link whose every delivery is a millisecond timer,
+ * a shorter one could retransmit before the ACK arrives, and the tests count datagrams sent.
+ */
+const QP_OPTS = { timeout: 20 };
+
 async function systemPair(): Promise<{ a: Side; b: Side; la: MemoryLink; close: () => Promise<void> }> {
   const clock = new SystemClock();
   const [la, lb] = MemoryLink.pair(clock, { latencyUs: 0 });
@@ -43,7 +47,7 @@ const microtask = (): Promise<void> => new Promise((resolve) => queueMicrotask(r
 t.test('a send posted by the application leaves before the event loop turns', async (t) => {
   const p = await systemPair();
   t.teardown(p.close);
-  const [qa] = connectPair(p, 'RC', { timeout: 20 });
+  const [qa] = connectPair(p, 'RC', QP_OPTS);
   const mr = regMr(p.a.pd, new Uint8Array(64), ALL_ACCESS);
   const target = regMr(p.b.pd, new Uint8Array(64), ALL_ACCESS);
   await turn();
@@ -64,7 +68,7 @@ t.test('a send posted by the application leaves before the event loop turns', as
 t.test('a post from a completion hook waits for the engine that called the hook', async (t) => {
   const p = await systemPair();
   t.teardown(p.close);
-  const [qa] = connectPair(p, 'RC', { timeout: 20 });
+  const [qa] = connectPair(p, 'RC', QP_OPTS);
   const mr = regMr(p.a.pd, new Uint8Array(64), ALL_ACCESS);
   const target = regMr(p.b.pd, new Uint8Array(64), ALL_ACCESS);
   const write = (wrId: number): void =>
@@ -88,8 +92,8 @@ t.test('a post from a completion hook waits for the engine that called the hook'
 t.test('the microtask runs the posted QPs only; a QP already in the ready queue waits for the next turn', async (t) => {
   const p = await systemPair();
   t.teardown(p.close);
-  const [qa] = connectPair(p, 'RC', { timeout: 20 });
-  const [qb] = connectPair(p, 'RC', { timeout: 20 });
+  const [qa] = connectPair(p, 'RC', QP_OPTS);
+  const [qb] = connectPair(p, 'RC', QP_OPTS);
   const mr = regMr(p.a.pd, new Uint8Array(64), ALL_ACCESS);
   const target = regMr(p.b.pd, new Uint8Array(64), ALL_ACCESS);
   const wr = (wrId: number) => ({ wrId, opcode: 'RDMA_WRITE' as const, sgList: [mr.sge(0, 8)], rdma: { remoteAddr: target.va(0), rkey: target.rkey } });
