@@ -7,6 +7,7 @@
  */
 import t from 'tap';
 import { allocPd, closeDevice, createCq, openDevice, pollCq, postSend, regMr, type Context } from '../../src/api/verbs.js';
+import type { SendWr } from '../../src/core/types.js';
 import { MemoryLink } from '../../src/link/memory.js';
 import { SystemClock } from '../../src/runtime/clock.js';
 import { ALL_ACCESS, connectPair, type Side } from '../helpers/engine.js';
@@ -17,7 +18,17 @@ import { ALL_ACCESS, connectPair, type Side } from '../helpers/engine.js';
  */
 const QP_OPTS = { timeout: 20 };
 
-async function systemPair(): Promise<{ a: Side; b: Side; la: MemoryLink; close: () => Promise<void> }> {
+interface SystemPair {
+  a: Side;
+  b: Side;
+  la: MemoryLink;
+  /** An 8-byte RDMA WRITE from a's memory into b's. */
+  wr: (wrId: number) => SendWr;
+  close: () => Promise<void>;
+}
+
+/** Two devices on a real clock over a memory link, with a region each for `wr`. */
+async function systemPair(): Promise<SystemPair> {
   const clock = new SystemClock();
   const [la, lb] = MemoryLink.pair(clock, { latencyUs: 0 });
   const side = async (link: MemoryLink): Promise<Side> => {
@@ -26,7 +37,13 @@ async function systemPair(): Promise<{ a: Side; b: Side; la: MemoryLink; close: 
   };
   const a = await side(la);
   const b = await side(lb);
-  return { a, b, la, close: async () => Promise.all([closeDevice(a.ctx), closeDevice(b.ctx)]).then(() => undefined) };
+  const mr = regMr(a.pd, new Uint8Array(64), ALL_ACCESS);
+  const target = regMr(b.pd, new Uint8Array(64), ALL_ACCESS);
+  return {
+    a, b, la,
+    wr: (wrId) => ({ wrId, opcode: 'RDMA_WRITE', sgList: [mr.sge(0, 8)], rdma: { remoteAddr: target.va(0), rkey: target.rkey } }),
+    close: async () => Promise.all([closeDevice(a.ctx), closeDevice(b.ctx)]).then(() => undefined),
+  };
 }
 
 const turn = (): Promise<void> => new Promise((resolve) => setImmediate(resolve));
@@ -48,17 +65,15 @@ t.test('a send posted by the application leaves before the event loop turns', as
   const p = await systemPair();
   t.teardown(p.close);
   const [qa] = connectPair(p, 'RC', QP_OPTS);
-  const mr = regMr(p.a.pd, new Uint8Array(64), ALL_ACCESS);
-  const target = regMr(p.b.pd, new Uint8Array(64), ALL_ACCESS);
   await turn();
   const before = p.la.counters.sent;
-  postSend(qa, { wrId: 1, opcode: 'RDMA_WRITE', sgList: [mr.sge(0, 8)], rdma: { remoteAddr: target.va(0), rkey: target.rkey } });
+  postSend(qa, p.wr(1));
   t.equal(p.la.counters.sent, before, 'not inside postSend itself');
   await microtask();
   t.equal(p.la.counters.sent, before + 1, 'on the link after the posting code, with no event-loop turn');
 
   // Four posts in one stretch: one run, all four on the link before the loop turns.
-  for (let i = 0; i < 4; i++) postSend(qa, { wrId: 10 + i, opcode: 'RDMA_WRITE', sgList: [mr.sge(0, 8)], rdma: { remoteAddr: target.va(0), rkey: target.rkey } });
+  for (let i = 0; i < 4; i++) postSend(qa, p.wr(10 + i));
   await microtask();
   t.equal(p.la.counters.sent, before + 5, 'the four posts of one stretch sent together');
 
@@ -69,10 +84,7 @@ t.test('a post from a completion hook waits for the engine that called the hook'
   const p = await systemPair();
   t.teardown(p.close);
   const [qa] = connectPair(p, 'RC', QP_OPTS);
-  const mr = regMr(p.a.pd, new Uint8Array(64), ALL_ACCESS);
-  const target = regMr(p.b.pd, new Uint8Array(64), ALL_ACCESS);
-  const write = (wrId: number): void =>
-    postSend(qa, { wrId, opcode: 'RDMA_WRITE', sgList: [mr.sge(0, 8)], rdma: { remoteAddr: target.va(0), rkey: target.rkey } });
+  const write = (wrId: number): void => postSend(qa, p.wr(wrId));
   let sentInHook = -1;
   let sentAfterPostInHook = -1;
   p.a.cq.core.onCompletion = () => {
@@ -94,16 +106,13 @@ t.test('the microtask runs the posted QPs only; a QP already in the ready queue 
   t.teardown(p.close);
   const [qa] = connectPair(p, 'RC', QP_OPTS);
   const [qb] = connectPair(p, 'RC', QP_OPTS);
-  const mr = regMr(p.a.pd, new Uint8Array(64), ALL_ACCESS);
-  const target = regMr(p.b.pd, new Uint8Array(64), ALL_ACCESS);
-  const wr = (wrId: number) => ({ wrId, opcode: 'RDMA_WRITE' as const, sgList: [mr.sge(0, 8)], rdma: { remoteAddr: target.va(0), rkey: target.rkey } });
   await turn();
   const device = p.a.ctx.device;
   const before = p.la.counters.sent;
   // QP b gets work the way a receive or a timer gives it: a kick, which queues it for the next turn.
-  qb.core.postSendOne(device.now(), wr(1));
+  qb.core.postSendOne(device.now(), p.wr(1));
   device.kick(qb.core);
-  postSend(qa, wr(2));
+  postSend(qa, p.wr(2));
   await microtask();
   t.equal(p.la.counters.sent, before + 1, "the posted QP's WRITE only, before the loop turns");
   await turn();
