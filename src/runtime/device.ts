@@ -224,6 +224,11 @@ export class Device {
    * then armed rather than run at once, which costs a timer and not a wrong answer.
    */
   kick(qp: QueuePair, now: number = this.clock.now()): void {
+    this.update(qp, now, false);
+  }
+
+  /** `kick`, or after a post (`posted`): a QP due now joins the posted queue instead of the ready queue. */
+  private update(qp: QueuePair, now: number, post: boolean): void {
     // Flags on the QP rather than map probes: with thousands of QPs a map's entry is one more cold
     // cache line per kick. A QP in the ready queue runs on the next turn, and that run kicks it
     // again: nothing to decide before then.
@@ -239,8 +244,13 @@ export class Device {
       // The entry stays: a QP with traffic becomes ready once per message and will want its ACK
       // deadline again; an early wake-up is a no-op poll that re-arms for the real deadline.
       qp.queued = true;
-      this.ready.push(qp);
-      this.deferRun();
+      if (post) {
+        this.postedQps.push(qp);
+        if (this.postedQps.length === 1) queueMicrotask(this.postRunTask);
+      } else {
+        this.ready.push(qp);
+        this.deferRun();
+      }
       return;
     }
     // An entry for this deadline or an earlier one is kept: most kicks move the ACK deadline a
@@ -263,12 +273,7 @@ export class Device {
    * A virtual clock keeps its runs as scheduled events, in order.
    */
   posted(qp: QueuePair, now: number): void {
-    if (this.virtual || this.closed || !qp.attached || qp.queued) return this.kick(qp, now);
-    const t = qp.pollAt();
-    if (t === undefined || t > now) return this.kick(qp, now);
-    qp.queued = true;
-    this.postedQps.push(qp);
-    if (this.postedQps.length === 1) queueMicrotask(this.postRunTask);
+    this.update(qp, now, !this.virtual);
   }
 
   // Posted QPs wait in a queue of their own: the microtask runs only them. The ready queue may hold a
