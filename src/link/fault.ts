@@ -180,6 +180,10 @@ export class FaultyLink implements WireLink {
     this.inner.onReceiveBatchEnd?.(fn);
   }
 
+  readWaiting(): void {
+    this.inner.readWaiting?.();
+  }
+
   setRxHook(hook: RxHook | undefined): void {
     if (this.rx) this.outerHook = hook;
     else this.inner.setRxHook(hook);

@@ -76,9 +76,18 @@ export interface Link {
    * the receive handler (one `recvmmsg`), before the link reads on and before what was sent in
    * answer is flushed. The device answers a batch there (coalesced ACKs, freed send windows)
    * instead of on the next event-loop turn, so that the peer is not kept waiting for the rest of the
-   * link's receive budget. A link that delivers one datagram at a time need not call it.
+   * link's receive budget. The last batch of a read is answered after the promise reactions it
+   * caused have run, so that what the application posted in answer leaves in the same flush. A
+   * link that delivers one datagram at a time need not call it.
    */
   onReceiveBatchEnd?(fn: () => void): void;
+  /**
+   * Optional: reads and delivers, now, the datagrams that have arrived and wait to be read. The
+   * device calls it before it runs the QPs whose deadline has come: a link that reads after the
+   * event loop's timers would otherwise let an ACK that came in time wait behind the timer that
+   * declares it late.
+   */
+  readWaiting?(): void;
   /** Drops by reason since the link was opened. */
   readonly drops: Readonly<Record<LinkDropReason, number>>;
   close(): Promise<void>;

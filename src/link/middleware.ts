@@ -43,6 +43,10 @@ export abstract class TapLink implements WireLink {
     this.inner.onReceiveBatchEnd?.(fn);
   }
 
+  readWaiting(): void {
+    this.inner.readWaiting?.();
+  }
+
   setRxHook(hook: RxHook | undefined): void {
     this.inner.setRxHook(hook);
   }

@@ -455,18 +455,38 @@ export class RxRing {
     // wait for the next unrelated callback, up to a timer's millisecond. The reading is therefore
     // done in an immediate of the same loop turn (the check phase follows the poll phase), which
     // node runs in a scope that drains them.
+    //
+    // The answer to the last batch (`after`) waits for a second immediate, queued with the first: node
+    // runs the microtasks in between, so what the application posts in answer to this batch's
+    // completions joins it. A ping-pong's reply then leaves with the ACK of the request it answers,
+    // reply first, as one GSO train: one datagram's way through the kernel instead of two.
     this.poll = ffi.poll(fd, { readable: true }, () => {
       if (this.scheduled) return;
       this.scheduled = true;
       setImmediate(this.drainTask);
+      setImmediate(this.answerTask);
     });
   }
 
   private scheduled = false;
+  /** A batch was delivered and not yet answered (`after`). */
+  private unanswered = false;
   private readonly drainTask = (): void => {
     this.scheduled = false;
     this.drain();
   };
+  private readonly answerTask = (): void => {
+    if (!this.unanswered) return;
+    this.unanswered = false;
+    if (!this.closed) this.after();
+  };
+
+  /** Reads what is waiting now, and answers it, outside the readable callback (see `UdpLink.readWaiting`). */
+  readNow(): void {
+    if (this.closed) return;
+    this.drain();
+    this.answerTask();
+  }
 
   private drain(): void {
     const dv = this.dv;
@@ -512,8 +532,11 @@ export class RxRing {
           }
         } while (o < len && !this.closed);
       }
+      if (r < want || budget <= 0 || this.closed) {
+        this.unanswered = true;
+        break;
+      }
       this.after();
-      if (r < want) break;
     }
   }
 

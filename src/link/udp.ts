@@ -453,6 +453,12 @@ export class UdpLink implements WireLink {
     this.batchEnd = fn;
   }
 
+  readWaiting(): void {
+    // dgram reads in the poll phase, after the timers, and cannot be asked to read now; the
+    // batched path reads in an immediate of the check phase and can.
+    this.rx?.readNow();
+  }
+
   setRxHook(hook: RxHook | undefined): void {
     this.rxHook = hook;
   }

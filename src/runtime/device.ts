@@ -305,6 +305,11 @@ export class Device {
     if (this.closed) return;
     const now = this.clock.now();
     const d = this.deadlines;
+    // What arrived before the deadline is read first: an ACK waiting in the socket is progress
+    // (9.7.6.1), not a timeout. Node runs the timers before it reads, and the batched link reads
+    // after this turn's first immediate, where the QP's deferred decision would already run.
+    const top = d.topAt();
+    if (top !== undefined && top <= now) this.link.readWaiting?.();
     for (let at = d.topAt(); at !== undefined && at <= now; at = d.topAt()) {
       const qp = d.pop()!;
       if (qp.timerAt !== at) continue;

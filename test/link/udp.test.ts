@@ -403,6 +403,30 @@ t.test('batched path: the receive-batch hook (where the device answers) runs aft
   t.ok(gaps.every((g) => g <= 32), `at most 32 datagrams between calls (${gaps.join(',')})`);
 });
 
+t.test("batched path: a batch's hook runs after the promise reactions of what the batch delivered", async (t) => {
+  // What the application does in answer to a completion runs in a promise reaction; the device's
+  // answer to the batch (ACKs, the responses) must come after it so that both leave together.
+  const a = await open('127.0.0.1', { gso: false });
+  const b = await open('127.0.0.1');
+  let received = 0;
+  let reacted = 0;
+  const atHook: { reacted: number; received: number }[] = [];
+  b.onReceive(() => {
+    received++;
+    void Promise.resolve().then(() => reacted++);
+  });
+  b.onReceiveBatchEnd(() => atHook.push({ reacted, received }));
+  const rounds = 6;
+  for (let i = 0; i < rounds; i++) {
+    a.send(b.local, a.local.port, sendOnly(i, new Uint8Array(32)));
+    await until(() => atHook.length > 0 && received === i + 1, 2000, `datagram ${i}`);
+    await settle();
+  }
+  t.equal(received, rounds);
+  const seen = atHook.map((h) => `${h.reacted}/${h.received}`).join(' ');
+  t.ok(atHook.every((h) => h.reacted === h.received), `every reaction ran before its batch's hook (reacted/received at each hook: ${seen})`);
+});
+
 t.test('batched path: a datagram longer than any RoCEv2 packet is not RoCE, with GRO slots or without', async (t) => {
   for (const gro of [true, false]) {
     const b = await open('127.0.0.1', { gro });
