@@ -491,6 +491,11 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState 
     return sent;
   }
 
+  /** The ACK timer has run out by `now` (a run will decide the timeout; see `poll`). */
+  ackOverdue(now: Micros): boolean {
+    return this.ackDeadline !== undefined && now >= this.ackDeadline;
+  }
+
   /** When the QP next needs `poll`: ASAP, a timer deadline, or never (undefined). */
   pollAt(): Micros | undefined {
     let t: Micros | undefined;

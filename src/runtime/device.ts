@@ -305,15 +305,21 @@ export class Device {
     if (this.closed) return;
     const now = this.clock.now();
     const d = this.deadlines;
-    // What arrived before the deadline is read first: an ACK waiting in the socket is progress
-    // (9.7.6.1), not a timeout. Node runs the timers before it reads, and the batched link reads
-    // after this turn's first immediate, where the QP's deferred decision would already run.
-    const top = d.topAt();
-    if (top !== undefined && top <= now) this.link.readWaiting?.();
+    let read = false;
     for (let at = d.topAt(); at !== undefined && at <= now; at = d.topAt()) {
       const qp = d.pop()!;
       if (qp.timerAt !== at) continue;
       qp.timerAt = -1;
+      // Before an ACK timer is judged, what has arrived is read: an ACK waiting in the socket is
+      // progress (9.7.6.1), not a timeout. Node runs the timers before it reads, and the batched
+      // link reads after this turn's first immediate, where the QP's deferred decision would
+      // already run. Most expiries are not that (a deadline moved later since it was armed) and
+      // read nothing early.
+      if (!read && qp.ackOverdue(now)) {
+        read = true;
+        this.link.readWaiting?.();
+        if (this.closed) return;
+      }
       this.runQp(qp);
     }
     const next = d.topAt();
