@@ -397,7 +397,10 @@ export const CASES: readonly CaseDef[] = [
         timeoutWindow(c) + c.t.responseMs);
       c.p.autoAck = true;
       if (!again) return dev(`no retransmission of psn ${hex(first.psn)} within ${timeoutWindow(c) + c.t.responseMs} ms`);
-      // Let the re-enabled auto-ACK answer the retransmission.
+      // The retransmission arrived while auto-ACK was off: ACK it now. Left to the next one, the
+      // peer's request could still be outstanding when the next case starts, and its late copies
+      // be taken for that case's traffic.
+      c.p.respondTo(again);
       await c.quiet(Math.max(c.t.quietMs, expectedTimeoutMs(c) * 2));
       return pass(`psn ${hex(first.psn)} retransmitted after ${(again.at - first.rx.at).toFixed(0)} ms (timeout ${c.s.timeout ?? '?'} → ${expectedTimeoutMs(c).toFixed(1)} ms)`);
     },
@@ -679,7 +682,10 @@ async function provokePeerSend(c: CaseCtx): Promise<{ rx: Rx; psn: number } | un
   c.p.send(c.goodOp(P).pkt);
   const ack = await c.waitResponse((r) => isAck(r, P));
   if (ack) c.p.nextPsn = psnAdd(P, 1);
-  const rx = await c.waitResponse((r) => r.parsed.ok && r.parsed.info.request && r.parsed.packet.bth.destQp === c.p.ourQpn, c.t.responseMs * 2);
+  // The peer's next request, not a late copy of one already acknowledged (older than the PSN
+  // expected next from the peer).
+  const rx = await c.waitResponse((r) => r.parsed.ok && r.parsed.info.request && r.parsed.packet.bth.destQp === c.p.ourQpn &&
+    psnDiff(r.parsed.packet.bth.psn, c.p.peerPsn) >= 0, c.t.responseMs * 2);
   if (!rx?.parsed.ok) return undefined;
   return { rx, psn: rx.parsed.packet.bth.psn };
 }

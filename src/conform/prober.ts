@@ -220,6 +220,14 @@ export class Prober {
     }
   }
 
+  /**
+   * Answers a request received while `autoAck` was off, as `autoAck` would have: for a case that
+   * held back its ACK on purpose and now lets the peer's request complete.
+   */
+  respondTo(r: Rx): void {
+    if (r.icrcOk && r.parsed.ok) this.autoRespond(r.parsed.packet, r.parsed.info);
+  }
+
   /** The peer's requests to us: ACK them in order (READs: answer them), re-ACK duplicates. */
   private autoRespond(p: RocePacket, info: OpcodeInfo): void {
     if (!info.request || info.transport !== 'RC' || p.bth.destQp !== this.ourQpn) return;
