@@ -86,6 +86,8 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState 
    * responder in `poll` and `pollAt`: with thousands of QPs, two more objects cold in cache per message.
    */
   private responderBusy = true;
+  /** A work completion was pushed since the last `poll`: the application has something to react to. */
+  private completedSinceRun = false;
   /** Congestion control (cc-hooks.ts): paces the requester; undefined = none, as rxe. */
   cc: QpCongestion | undefined;
   private now: Micros = 0;
@@ -441,6 +443,7 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState 
   /** Does the work that is due: timers, then sending (requests, then READ responses). Returns packets sent. */
   poll(now: Micros, budget: number = MAX_PKTS_PER_POLL): number {
     this.now = now;
+    this.completedSinceRun = false;
     if (this.rnrUntil !== undefined && now >= this.rnrUntil) {
       this.rnrUntil = undefined;
       this.requester.rewind(this, this.sq, this.rnrFrom);
@@ -489,6 +492,17 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState 
     }
     this.checkSqDrained();
     return sent;
+  }
+
+  /**
+   * All the QP has to send is the coalesced ACK of what it received, and nothing it received
+   * completed a work request: the application can have seen it only by polling memory (a WRITE).
+   */
+  onlyAckDue(): boolean {
+    if (this.completedSinceRun || !this.responderBusy || !this.responder.hasAck || this.responder.hasWork) return false;
+    const st = this._state;
+    return !((st === 'RTS' || st === 'SQD') && this.rnrUntil === undefined &&
+      this.requester.blocked(this, this, this.sq, this.compPsn) === undefined);
   }
 
   /** The ACK timer has run out by `now` (a run will decide the timeout; see `poll`). */
@@ -648,6 +662,7 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState 
   }
 
   private pushCompletion(cq: CompletionQueue, wc: WorkCompletion): void {
+    this.completedSinceRun = true;
     if (!cq.push(wc)) {
       // Class G: the CQ overflowed. The completion is lost; report it (11.6.2, CQ error).
       this.counters.cqOverflow++;

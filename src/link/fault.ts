@@ -176,7 +176,7 @@ export class FaultyLink implements WireLink {
     this.inner.onReceive(handler);
   }
 
-  onReceiveBatchEnd(fn: () => void): void {
+  onReceiveBatchEnd(fn: (last: boolean) => void): void {
     this.inner.onReceiveBatchEnd?.(fn);
   }
 

@@ -77,10 +77,11 @@ export interface Link {
    * answer is flushed. The device answers a batch there (coalesced ACKs, freed send windows)
    * instead of on the next event-loop turn, so that the peer is not kept waiting for the rest of the
    * link's receive budget. The last batch of a read is answered after the promise reactions it
-   * caused have run, so that what the application posted in answer leaves in the same flush. A
-   * link that delivers one datagram at a time need not call it.
+   * caused have run, so that what the application posted in answer leaves in the same flush; `last`
+   * says which call that is (nothing more is waiting to be read). A link that delivers one datagram
+   * at a time need not call it.
    */
-  onReceiveBatchEnd?(fn: () => void): void;
+  onReceiveBatchEnd?(fn: (last: boolean) => void): void;
   /**
    * Optional: reads and delivers, now, the datagrams that have arrived and wait to be read. The
    * device calls it before it runs the QPs whose deadline has come: a link that reads after the

@@ -39,7 +39,7 @@ export abstract class TapLink implements WireLink {
     this.handler = handler;
   }
 
-  onReceiveBatchEnd(fn: () => void): void {
+  onReceiveBatchEnd(fn: (last: boolean) => void): void {
     this.inner.onReceiveBatchEnd?.(fn);
   }
 

@@ -416,9 +416,9 @@ export class RxRing {
     private readonly fd: number,
     private readonly family: 4 | 6,
     private readonly deliver: RxDeliver,
-    /** Called before each batch is delivered, and after it. */
+    /** Called before each batch is delivered, and after it (`last`: the read is over). */
     private readonly before: () => void,
-    private readonly after: () => void,
+    private readonly after: (last: boolean) => void,
     /**
      * The socket has UDP_GRO set: the kernel may hand over a train of datagrams of one size (the last
      * may be shorter) as one message with its segment size in a control message; it is cut back into
@@ -478,7 +478,7 @@ export class RxRing {
   private readonly answerTask = (): void => {
     if (!this.unanswered) return;
     this.unanswered = false;
-    if (!this.closed) this.after();
+    if (!this.closed) this.after(true);
   };
 
   /** Reads what is waiting now, and answers it, outside the readable callback (see `UdpLink.readWaiting`). */
@@ -526,7 +526,7 @@ export class RxRing {
           o = end;
           budget--;
           if (++since >= ANSWER_EVERY) {
-            this.after();
+            this.after(false);
             this.before();
             since = 0;
           }
@@ -536,7 +536,7 @@ export class RxRing {
         this.unanswered = true;
         break;
       }
-      this.after();
+      this.after(false);
     }
   }
 

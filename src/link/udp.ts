@@ -286,7 +286,7 @@ export class UdpLink implements WireLink {
   private rx: RxRing | undefined;
   private readonly txDests = new Map<string, TxDest>();
   private lastTxDest: TxDest | undefined;
-  private batchEnd: (() => void) | undefined;
+  private batchEnd: ((last: boolean) => void) | undefined;
   /** Some datagram went through `dgram` (see `send`). */
   private dgramUsed = false;
   private readonly peers4 = new Map<number, PeerAddress>();
@@ -449,7 +449,7 @@ export class UdpLink implements WireLink {
     this.handler = handler;
   }
 
-  onReceiveBatchEnd(fn: () => void): void {
+  onReceiveBatchEnd(fn: (last: boolean) => void): void {
     this.batchEnd = fn;
   }
 
@@ -646,8 +646,8 @@ export class UdpLink implements WireLink {
       // One receive time per batch: the datagrams of one recvmmsg were read at one moment.
       () => (this.rxAt = this.clock.now()),
       // After each batch: what the handlers answered goes out before the next batch is read.
-      () => {
-        this.batchEnd?.();
+      (last) => {
+        this.batchEnd?.(last);
         this.rxAt = undefined;
         this.txRing?.flushAll();
       },

@@ -68,6 +68,12 @@ export interface CreateQpOptions {
 /** Headers a path-MTU packet needs besides its payload: BTH + RETH/AETH/… + ImmDt + ICRC (rounded up). */
 const MAX_HEADER_OVERHEAD = 80;
 
+/**
+ * At most this many ready QPs for a batch's ACKs to wait a turn (`answerBatch`): the check touches
+ * each of them, and a batch that woke many is a stream, whose ACKs should not wait.
+ */
+const DEFER_ACK_MAX_QPS = 4;
+
 export class Device {
   readonly link: Link;
   readonly clock: Clock;
@@ -133,7 +139,7 @@ export class Device {
     };
     this.link.onReceive((payload, meta) => this.receive(payload, meta));
     // A receive batch is answered at its end (Link.onReceiveBatchEnd), where the link offers it.
-    this.link.onReceiveBatchEnd?.(() => this.runReady());
+    this.link.onReceiveBatchEnd?.((last) => this.answerBatch(last));
     this.np = DeviceNotificationPoint.create(opts.cc, this.link, this.counters);
     this.gsi = new Gsi(this);
   }
@@ -333,6 +339,27 @@ export class Device {
     // next event-loop turn, so that received datagrams get their turn between bursts.
     if (this.virtual) this.clock.at(this.clock.now(), this.runTask);
     else setImmediate(this.runTask);
+  }
+
+  /**
+   * The answer to a receive batch: the ready QPs run. When the read is over and all a few QPs have
+   * to send is an ACK for data that completed nothing (RDMA WRITEs, which the application sees
+   * only by polling memory), the run waits for the next turn (`runTask`, queued when they became
+   * ready), after the application's own immediates: a reply posted from a polling loop then
+   * leaves with the ACK, as a reply posted from a completion does. Mid-read answers and anything
+   * else go at once.
+   */
+  private answerBatch(last: boolean): void {
+    const ready = this.ready;
+    if (last && this.runPending && ready.length <= DEFER_ACK_MAX_QPS) {
+      let ackOnly = true;
+      for (let i = 0; i < ready.length && ackOnly; i++) {
+        const qp = ready[i]!;
+        ackOnly = !qp.queued || qp.onlyAckDue();
+      }
+      if (ackOnly) return;
+    }
+    this.runReady();
   }
 
   private readonly runTask = (): void => {

@@ -1,8 +1,9 @@
 /**
- * Over real UDP on loopback (batched I/O, GSO and GRO): a SEND posted in answer to a receive's
- * completion leaves together with the ACK of the request it answers, as one GSO train (the reply
- * first, the shorter ACK last), so a ping-pong costs one datagram's way through the kernel per
- * direction and not two. Each side's link counts the trains it read whole.
+ * Over real UDP on loopback (batched I/O, GSO and GRO): a reply leaves together with the ACK of the
+ * request it answers, as one GSO train (the reply first, the shorter ACK last), so a ping-pong costs
+ * one datagram's way through the kernel per direction and not two — whether the reply is posted
+ * from a receive's completion (SEND) or from a loop that polls memory for an RDMA WRITE. Each side's
+ * link counts the trains it read whole.
  */
 import t from 'tap';
 import { allocPd, closeDevice, createCq, openDevice, postRecv, postSend, regMr, type Context, type Qp } from '../../src/api/verbs.js';
@@ -56,5 +57,47 @@ t.test('a reply posted from a completion leaves in one train with the ACK of the
   // Every echo after the first (whose ACK may leave before the application has reacted to a
   // completion it has not yet awaited) arrives with its ACK.
   t.ok(trains >= ROUNDS - 1, `${trains} of ${ROUNDS} echoes arrived in one train with their ACK`);
+  t.equal(a.ctx.counters.retransPkts + b.ctx.counters.retransPkts, 0, 'nothing retransmitted');
+});
+
+t.test('a WRITE posted by a loop that polls memory leaves in one train with the ACK of the WRITE it answers', async (t) => {
+  const a = await side();
+  const b = await side();
+  t.teardown(() => Promise.all([closeDevice(a.ctx), closeDevice(b.ctx)]).then(() => undefined));
+  const qa: Qp = makeQp(a, 'RC', { sqSigAll: false });
+  const qb: Qp = makeQp(b, 'RC', { sqSigAll: false });
+  bringUp(qa, qb, b.ctx, { timeout: 14 }, 0x10, 0x20, ALL_ACCESS);
+  bringUp(qb, qa, a.ctx, { timeout: 14 }, 0x20, 0x10, ALL_ACCESS);
+  const ma = regMr(a.pd, new Uint8Array(64), ALL_ACCESS);
+  const mb = regMr(b.pd, new Uint8Array(64), ALL_ACCESS);
+  // As ib_write_lat: each side spins on the last byte of its buffer (one look per event-loop turn)
+  // for the peer's sequence number, then WRITEs its own into the peer's buffer. No completions.
+  const spinFor = (m: typeof ma, seq: number): Promise<void> => new Promise((resolve, reject) => {
+    const until = Date.now() + 5000;
+    const look = (): void => {
+      if (m.buffer[31] === seq) return resolve();
+      if (Date.now() > until) return reject(new Error(`WRITE ${seq} not seen`));
+      setImmediate(look);
+    };
+    look();
+  });
+  const write = (qp: Qp, from: typeof ma, to: typeof mb, seq: number): void => {
+    from.buffer[63] = seq;
+    postSend(qp, { wrId: seq, opcode: 'RDMA_WRITE', sgList: [from.sge(32, 32)], rdma: { remoteAddr: to.va(0), rkey: to.rkey } });
+  };
+  const ponger = (async () => {
+    for (let i = 1; i <= ROUNDS; i++) {
+      await spinFor(mb, i);
+      write(qb, mb, ma, i);
+    }
+  })();
+  const trainsBefore = a.link.counters.groTrains;
+  for (let i = 1; i <= ROUNDS; i++) {
+    write(qa, ma, mb, i);
+    await spinFor(ma, i);
+  }
+  await ponger;
+  const trains = a.link.counters.groTrains - trainsBefore;
+  t.ok(trains >= ROUNDS - 1, `${trains} of ${ROUNDS} replies arrived in one train with their ACK`);
   t.equal(a.ctx.counters.retransPkts + b.ctx.counters.retransPkts, 0, 'nothing retransmitted');
 });
