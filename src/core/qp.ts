@@ -500,9 +500,14 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState 
    */
   onlyAckDue(): boolean {
     if (this.completedSinceRun || !this.responderBusy || !this.responder.hasAck || this.responder.hasWork) return false;
+    return !this.requesterCanSend();
+  }
+
+  /** The requester has a packet it may send now (rate pacing aside). */
+  private requesterCanSend(): boolean {
     const st = this._state;
-    return !((st === 'RTS' || st === 'SQD') && this.rnrUntil === undefined &&
-      this.requester.blocked(this, this, this.sq, this.compPsn) === undefined);
+    return (st === 'RTS' || st === 'SQD') && this.rnrUntil === undefined &&
+      this.requester.blocked(this, this, this.sq, this.compPsn) === undefined;
   }
 
   /** The ACK timer has run out by `now` (a run will decide the timeout; see `poll`). */
@@ -514,8 +519,7 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState 
   pollAt(): Micros | undefined {
     let t: Micros | undefined;
     const st = this._state;
-    if ((st === 'RTS' || st === 'SQD') && this.rnrUntil === undefined &&
-        this.requester.blocked(this, this, this.sq, this.compPsn) === undefined) {
+    if (this.requesterCanSend()) {
       if (!this.cc) return ASAP;
       // Paced: the next packet waits for the rate, or for an RP timer that raises it.
       const at = this.cc.sendAt();

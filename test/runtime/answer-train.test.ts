@@ -5,7 +5,7 @@
  * from a receive's completion (SEND) or from a loop that polls memory for an RDMA WRITE. Each side's
  * link counts the trains it read whole.
  */
-import t from 'tap';
+import t, { type Test } from 'tap';
 import { allocPd, closeDevice, createCq, openDevice, postRecv, postSend, regMr, type Context, type Qp } from '../../src/api/verbs.js';
 import { UdpLink } from '../../src/link/udp.js';
 import { ALL_ACCESS, bringUp, makeQp, type Side } from '../helpers/engine.js';
@@ -19,17 +19,25 @@ async function side(): Promise<Side & { link: UdpLink }> {
   return { link, ctx, pd: allocPd(ctx), cq: createCq(ctx, { cqe: 64 }) };
 }
 
-t.test('a reply posted from a completion leaves in one train with the ACK of the request it answers', async (t) => {
+/** Two sides over UDP, one RC QP each, connected; unsignaled sends. */
+type UdpSide = Awaited<ReturnType<typeof side>>;
+
+async function pair(t: Test): Promise<{ a: UdpSide; b: UdpSide; qa: Qp; qb: Qp }> {
   const a = await side();
   const b = await side();
   t.teardown(() => Promise.all([closeDevice(a.ctx), closeDevice(b.ctx)]).then(() => undefined));
-  t.equal(a.link.startup.gro, true, 'UDP_GRO on the requester');
-  t.equal(b.link.startup.gro, true, 'UDP_GRO on the responder');
-  // Unsignaled sends: the only completions are the receives, which is what each side waits for.
   const qa: Qp = makeQp(a, 'RC', { sqSigAll: false });
   const qb: Qp = makeQp(b, 'RC', { sqSigAll: false });
   bringUp(qa, qb, b.ctx, { timeout: 14 }, 0x10, 0x20, ALL_ACCESS);
   bringUp(qb, qa, a.ctx, { timeout: 14 }, 0x20, 0x10, ALL_ACCESS);
+  return { a, b, qa, qb };
+}
+
+t.test('a reply posted from a completion leaves in one train with the ACK of the request it answers', async (t) => {
+  // Unsignaled sends: the only completions are the receives, which is what each side waits for.
+  const { a, b, qa, qb } = await pair(t);
+  t.equal(a.link.startup.gro, true, 'UDP_GRO on the requester');
+  t.equal(b.link.startup.gro, true, 'UDP_GRO on the responder');
   const ma = regMr(a.pd, new Uint8Array(128), ALL_ACCESS);
   const mb = regMr(b.pd, new Uint8Array(128), ALL_ACCESS);
   const msg = 48;
@@ -61,13 +69,7 @@ t.test('a reply posted from a completion leaves in one train with the ACK of the
 });
 
 t.test('a WRITE posted by a loop that polls memory leaves in one train with the ACK of the WRITE it answers', async (t) => {
-  const a = await side();
-  const b = await side();
-  t.teardown(() => Promise.all([closeDevice(a.ctx), closeDevice(b.ctx)]).then(() => undefined));
-  const qa: Qp = makeQp(a, 'RC', { sqSigAll: false });
-  const qb: Qp = makeQp(b, 'RC', { sqSigAll: false });
-  bringUp(qa, qb, b.ctx, { timeout: 14 }, 0x10, 0x20, ALL_ACCESS);
-  bringUp(qb, qa, a.ctx, { timeout: 14 }, 0x20, 0x10, ALL_ACCESS);
+  const { a, b, qa, qb } = await pair(t);
   const ma = regMr(a.pd, new Uint8Array(64), ALL_ACCESS);
   const mb = regMr(b.pd, new Uint8Array(64), ALL_ACCESS);
   // As ib_write_lat: each side spins on the last byte of its buffer (one look per event-loop turn)
