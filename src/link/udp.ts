@@ -290,6 +290,9 @@ export class UdpLink implements WireLink {
   /** Some datagram went through `dgram` (see `send`). */
   private dgramUsed = false;
   private readonly peers4 = new Map<number, PeerAddress>();
+  /** The IPv4 peer of the last datagram read, and its address as a 32-bit word (see `peerFor`). */
+  private lastPeer4: PeerAddress | undefined;
+  private lastPeer4Addr = 0;
   private readonly peers6 = new Map<string, PeerAddress>();
   private lastPeer6: PeerAddress | undefined;
   private readonly lastPeer6Addr = new Uint8Array(16);
@@ -659,13 +662,21 @@ export class UdpLink implements WireLink {
   /** The source of a received datagram as the address record handlers get, cached per address and port. */
   private peerFor(addr: Uint8Array, port: number): PeerAddress {
     if (addr.length === 4) {
-      const key = (((addr[0]! << 24) | (addr[1]! << 16) | (addr[2]! << 8) | addr[3]!) >>> 0) * 65536 + port;
+      // Most datagrams come from the peer of the one before (one peer's ACKs for many QPs arrive as a
+      // train): that check compares two small integers. The map's key needs 48 bits, a heap number
+      // and a hash probe per datagram.
+      const a = (addr[0]! << 24) | (addr[1]! << 16) | (addr[2]! << 8) | addr[3]!;
+      const last = this.lastPeer4;
+      if (last !== undefined && last.port === port && this.lastPeer4Addr === a) return last;
+      const key = (a >>> 0) * 65536 + port;
       let p = this.peers4.get(key);
       if (p === undefined) {
         if (this.peers4.size >= 4096) this.peers4.clear();
         p = { address: formatIpAddress(addr), port };
         this.peers4.set(key, p);
       }
+      this.lastPeer4 = p;
+      this.lastPeer4Addr = a;
       return p;
     }
     const last = this.lastPeer6;

@@ -93,6 +93,24 @@ t.test('IPv4 127.0.0.1 → 127.0.0.2 (all of 127/8 is local)', async (t) => {
   t.same(gotA[0]!.meta.src, { address: '127.0.0.2', port: b.local.port });
 });
 
+t.test('each datagram reports its own sender, as senders alternate by address and by port', async (t) => {
+  const rx = await open('127.0.0.3');
+  const senders = await Promise.all(['127.0.0.1', '127.0.0.1', '127.0.0.2'].map(plainSocket));
+  t.teardown(() => Promise.all(senders.map(closeSocket)));
+  const got = recorder(rx);
+  // Runs of one sender, then a change of port only, then of address only, then back.
+  const order = [0, 0, 1, 1, 0, 2, 2, 0, 1, 2];
+  order.forEach((k, psn) => {
+    const s = senders[k]!;
+    const from = { address: s.address().address, port: s.address().port };
+    s.send(datagram(from, rx.local, psn), rx.local.port, '127.0.0.3');
+  });
+  await until(() => got.length === order.length, 2000, 'every datagram');
+  const want = new Map(order.map((k, psn) => [psn, { address: senders[k]!.address().address, port: senders[k]!.address().port }]));
+  t.same(got.map((r) => r.meta.src), got.map((r) => want.get(psnOf(r.payload))), 'the sender of each, by its PSN');
+  t.equal(new Set(got.map((r) => psnOf(r.payload))).size, order.length);
+});
+
 t.test('on the wire (raw socket): the link sends ID 0 + DF, a default socket does not', async (t) => {
   const obs = openIpv4Observer(parseIpAddress('127.0.0.9')!);
   if (!obs.ok) throw new Error(`this test needs CAP_NET_RAW: ${obs.message}`);
