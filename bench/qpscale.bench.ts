@@ -13,10 +13,12 @@
  *   in flight stay those of the single-QP case: the ratio to one QP measures what the number of QPs
  *   costs, not a larger window. (128 WRs on one QP is also the `rc WRITE 4 KiB mtu 4096` case.)
  *
- * Run alone: `node dist/bench/qpscale.bench.js [--quick]` (after `npm run build`).
+ * Run alone: `node dist/bench/qpscale.bench.js [--quick]` (after `npm run build`); `--qps 1000 --ms 5000
+ * --rounds 1` runs only the listed QP counts with a longer window, e.g. for `perf record` of one case.
  */
 
 import { pathToFileURL } from 'node:url';
+import { parseArgs } from 'node:util';
 import { postSend, regMr, type Qp } from '../src/api/verbs.js';
 import type { SendWr } from '../src/core/types.js';
 import { dgramBaselineName } from './dgram.bench.js';
@@ -138,12 +140,20 @@ const qpLabel = (n: number): string => `${n.toLocaleString('en-US')} RC QP${n ==
 export const heapRowName = (n: number): string => `qpscale ${qpLabel(n)}: heap per idle QP`;
 export const goodputRowName = (n: number): string => `qpscale ${qpLabel(n)}: aggregate WRITE 4 KiB goodput`;
 
-export async function run(opts: SuiteOptions): Promise<BenchRow[]> {
+/** Run alone, the suite's cases can be narrowed: only some QP counts, another window or number of rounds. */
+interface ScaleSuiteOptions extends SuiteOptions {
+  counts?: readonly number[];
+  windowMs?: number;
+  rounds?: number;
+}
+
+export async function run(opts: ScaleSuiteOptions): Promise<BenchRow[]> {
   const quick = opts.quick;
   const warmupMs = quick ? 100 : 250;
-  const windowMs = quick ? 300 : 1000;
-  const rounds = quick ? 3 : 5;
-  const cases: ProcCase[] = QP_COUNTS.map((n) => ({
+  const windowMs = opts.windowMs ?? (quick ? 300 : 1000);
+  const rounds = opts.rounds ?? (quick ? 3 : 5);
+  const counts = opts.counts ?? QP_COUNTS;
+  const cases: ProcCase[] = counts.map((n) => ({
     name: goodputRowName(n),
     timeoutMs: 30_000 + 3 * (warmupMs + windowMs),
     tasks: {
@@ -171,8 +181,8 @@ export async function run(opts: SuiteOptions): Promise<BenchRow[]> {
   });
   const rows: BenchRow[] = [];
   const heapRows: BenchRow[] = [];
-  const single = outcomes[0]!;
-  QP_COUNTS.forEach((n, i) => {
+  const single = counts[0] === 1 ? outcomes[0]! : undefined;
+  counts.forEach((n, i) => {
     const o = outcomes[i]!;
     if (o.error !== undefined || o.rounds.length === 0) {
       opts.log?.(`FAILED ${goodputRowName(n)}: ${o.error ?? 'no round'}`);
@@ -183,7 +193,7 @@ export async function run(opts: SuiteOptions): Promise<BenchRow[]> {
     const gbps = o.medians['gbps']!;
     const row: BenchRow = { name: goodputRowName(n), value: gbps, unit: 'Gbit/s' };
     if (n === 1) rows.push(withBaseline(row, dgramBaselineName(4150), opts.baselines));
-    else if (single.error === undefined && single.rounds.length > 0) rows.push({ ...row, baseline: goodputRowName(1), ratio: gbps / single.medians['gbps']! });
+    else if (single !== undefined && single.error === undefined && single.rounds.length > 0) rows.push({ ...row, baseline: goodputRowName(1), ratio: gbps / single.medians['gbps']! });
     else rows.push(row);
     if (n > 1) heapRows.push({ name: heapRowName(n), value: o.medians['heapTx']!, unit: 'B' });
     const retrans = o.rounds.reduce((a, x) => a + (x['retrans'] ?? 0), 0);
@@ -193,7 +203,14 @@ export async function run(opts: SuiteOptions): Promise<BenchRow[]> {
 }
 
 if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(process.argv[1]).href && process.send === undefined) {
+  const { values } = parseArgs({ options: { quick: { type: 'boolean', default: false }, qps: { type: 'string' }, ms: { type: 'string' }, rounds: { type: 'string' } } });
   console.log(machineLine());
-  const rows = await run({ quick: process.argv.includes('--quick'), log: (l) => console.log(l) });
+  const rows = await run({
+    quick: values.quick,
+    log: (l) => console.log(l),
+    ...(values.qps !== undefined ? { counts: values.qps.split(',').map(Number) } : {}),
+    ...(values.ms !== undefined ? { windowMs: Number(values.ms) } : {}),
+    ...(values.rounds !== undefined ? { rounds: Number(values.rounds) } : {}),
+  });
   console.log(formatRows(rows));
 }

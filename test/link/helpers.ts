@@ -62,9 +62,9 @@ export function settle(ms = 50): Promise<void> {
 }
 
 /** A plain dgram socket bound on `address`, for sending raw datagrams at a link. */
-export async function plainSocket(address: string): Promise<Socket> {
+export async function plainSocket(address: string, port = 0): Promise<Socket> {
   const s = address.includes(':') ? dgram.createSocket({ type: 'udp6', ipv6Only: true }) : dgram.createSocket('udp4');
-  s.bind(0, address);
+  s.bind(port, address);
   await once(s, 'listening');
   return s;
 }

@@ -5,8 +5,6 @@
  */
 
 import t from 'tap';
-import dgram from 'node:dgram';
-import { once } from 'node:events';
 import { UdpLink, type LinkWarning } from '../../src/link/udp.js';
 import { openIpv4Observer, setsockoptInt, socketFd, SOL_UDP, UDP_NO_CHECK6_RX, UDP_NO_CHECK6_TX } from '../../src/link/sockopt.js';
 import { Xorshift32 } from '../../src/link/fault.js';
@@ -97,12 +95,9 @@ t.test('IPv4 127.0.0.1 → 127.0.0.2 (all of 127/8 is local)', async (t) => {
 
 t.test('each datagram reports its own sender, as senders alternate by address and by port', async (t) => {
   const rx = await open('127.0.0.3');
-  const senders = await Promise.all(['127.0.0.1', '127.0.0.1'].map(plainSocket));
+  const senders = await Promise.all(['127.0.0.1', '127.0.0.1'].map((a) => plainSocket(a)));
   // The third on another address with the first one's port.
-  const other = dgram.createSocket('udp4');
-  other.bind(senders[0]!.address().port, '127.0.0.2');
-  await once(other, 'listening');
-  senders.push(other);
+  senders.push(await plainSocket('127.0.0.2', senders[0]!.address().port));
   t.teardown(() => Promise.all(senders.map(closeSocket)));
   const got = recorder(rx);
   // Runs of one sender, then changes of the port only (0 ↔ 1), of the address only (0 ↔ 2), of both.
