@@ -67,12 +67,25 @@ export function measure(op: () => number, opts: MeasureOptions = {}): Measuremen
   return { nsPerOp, batch, samples };
 }
 
+/** What `measureInterleaved` returns: per workload, in the order given. */
+export interface Interleaved {
+  /** Median time of one operation, in ns. */
+  nsPerOp: number[];
+  /** Median of the per-round differences to the first workload, in ns (0 for the first). */
+  diffToFirst: number[];
+  /** Median of the per-round ratios to the first workload (1 for the first). */
+  ratioToFirst: number[];
+  /** Every round's time per operation, in ns, in round order (round k of each workload ran together). */
+  samples: number[][];
+}
+
 /**
  * Measures several workloads with their samples interleaved (a, b, a, b, …), so that a load change on
  * a shared machine hits all of them alike, and returns each median plus the median of the per-round
- * differences to the first: the way to measure a small extra cost on top of a large common one.
+ * differences and ratios to the first: the way to measure a small extra cost on top of a large common
+ * one, or a ratio to a baseline that a slow stretch between two separate measurements would skew.
  */
-export function measureInterleaved(ops: readonly (() => number)[], opts: MeasureOptions = {}): { nsPerOp: number[]; diffToFirst: number[] } {
+export function measureInterleaved(ops: readonly (() => number)[], opts: MeasureOptions = {}): Interleaved {
   const nSamples = opts.samples ?? 15;
   const calibrated = ops.map((op) => measure(op, { ...opts, samples: 1 }).batch);
   const per: number[][] = ops.map(() => []);
@@ -86,15 +99,20 @@ export function measureInterleaved(ops: readonly (() => number)[], opts: Measure
       sink ^= acc;
     });
   }
-  const median = (xs: number[]): number => {
-    const v = [...xs].sort((a, b) => a - b);
-    const m = v.length >> 1;
-    return v.length % 2 === 1 ? v[m]! : (v[m - 1]! + v[m]!) / 2;
-  };
+  const first = per[0]!;
   return {
-    nsPerOp: per.map(median),
-    diffToFirst: per.map((xs) => median(xs.map((x, i) => x - per[0]![i]!))),
+    nsPerOp: per.map(medianOf),
+    diffToFirst: per.map((xs) => medianOf(xs.map((x, i) => x - first[i]!))),
+    ratioToFirst: per.map((xs) => medianOf(xs.map((x, i) => x / first[i]!))),
+    samples: per,
   };
+}
+
+/** The median of a list of numbers (the mean of the middle two for an even count). */
+export function medianOf(xs: readonly number[]): number {
+  const v = [...xs].sort((a, b) => a - b);
+  const m = v.length >> 1;
+  return v.length % 2 === 1 ? v[m]! : (v[m - 1]! + v[m]!) / 2;
 }
 
 /** Fills in `baseline`/`ratio` for each group of rows: ratio = value / the group's best value. */
