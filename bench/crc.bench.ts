@@ -60,12 +60,16 @@ function icrcRows(m: MeasureOptions): BenchRow[] {
     ip.set([0x01, 0x00, 0xff, 0xff, 0x00, 0x00, 0x00, 0x12, 0x00, 0x5d, 0x29, 0x0a], 28);
     ip.set(filled(mtu, mtu), 40);
     const payload = ip.subarray(28);
-    const socket: UdpDatagramInfo = { family: 4, srcAddr: ip.subarray(12, 16), dstAddr: ip.subarray(16, 20), srcPort: 0xc132, dstPort: 4791 };
-    const known: UdpDatagramInfo = { ...socket, ipId: 0x24b0, ipFlagsFrag: 0x4000 };
+    // Every info record has the shape UdpLink's has (all seven fields, in its order), as in the stack,
+    // where one record per link is reused: records of several shapes made every ICRC function's property
+    // reads polymorphic here, which the stack never sees. `socket` is what a UDP socket tells the
+    // receive path (the ID unknown, guessed 0), `known` the real header.
+    const socket: UdpDatagramInfo = { family: 4, srcAddr: ip.subarray(12, 16), dstAddr: ip.subarray(16, 20), srcPort: 0xc132, dstPort: 4791, ipId: 0, ipFlagsFrag: 0x4000 };
+    const known: UdpDatagramInfo = { family: 4, srcAddr: socket.srcAddr, dstAddr: socket.dstAddr, srcPort: 0xc132, dstPort: 4791, ipId: 0x24b0, ipFlagsFrag: 0x4000 };
     writeIcrc(payload, icrcOfUdpPayload(known, payload));
     if (checkIcrc(socket, payload, 'recover').status !== 'ok-recovered') throw new Error('bench packet does not verify');
     const parts = [payload.subarray(0, 12), payload.subarray(12, 12 + mtu)];
-    const six: UdpDatagramInfo = { family: 6, srcAddr: filled(16, 6), dstAddr: filled(16, 7), srcPort: 0xc121, dstPort: 4791 };
+    const six: UdpDatagramInfo = { family: 6, srcAddr: filled(16, 6), dstAddr: filled(16, 7), srcPort: 0xc121, dstPort: 4791, ipId: 0, ipFlagsFrag: 0x4000 };
     // The same packet with the ICRC an IPv6 sender computes: checked against `six`, it passes (with the
     // IPv4 packet's ICRC the check fails and computes the expected value too, a second pass).
     const payload6 = payload.slice();

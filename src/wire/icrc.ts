@@ -520,13 +520,13 @@ function recoveryTable(udpPayloadLen: number): RecoveryTable | null {
 }
 
 /**
- * Solves for the IPv4 ID and DF that make `wire` the ICRC of the payload, given `computed`, the ICRC
- * for the assumed `ipId0`/`flags0`. Returns ID << 1 | DF, or -1 if no ID with flags 0x4000 or 0 fits.
+ * Solves for the IPv4 ID and DF that make the ICRC on the wire right, given `d`, the wire's ICRC XOR
+ * the one computed for the assumed `ipId0`/`flags0`. Returns ID << 1 | DF, or -1 if no ID with flags
+ * 0x4000 or 0 fits.
  */
-function solveIpv4(udpPayloadLen: number, wire: number, computed: number, ipId0: number, flags0: number): number {
+function solveIpv4(udpPayloadLen: number, d: number, ipId0: number, flags0: number): number {
   const t = recoveryTable(udpPayloadLen);
   if (t === null) return -1;
-  const d = wire ^ computed;
   const diff = t[d & 0xff]! ^ t[256 + ((d >>> 8) & 0xff)]! ^ t[512 + ((d >>> 16) & 0xff)]! ^ t[768 + (d >>> 24)]!;
   const word = (((ipId0 << 16) | flags0) ^ diff) >>> 0;
   const flagsFrag = word & 0xffff;
@@ -544,7 +544,7 @@ export function recoverIpv4Id(info: UdpDatagramInfo, udpPayload: Uint8Array): { 
   const ipId0 = (info.ipId ?? 0) & 0xffff;
   const flags0 = (info.ipFlagsFrag ?? IPV4_DF) & 0xffff;
   const wire = readIcrc(udpPayload);
-  const r = solveIpv4(udpPayload.length, wire, icrcWith(info, udpPayload, wire, ipId0, flags0), ipId0, flags0);
+  const r = solveIpv4(udpPayload.length, wire ^ icrcWith(info, udpPayload, wire, ipId0, flags0), ipId0, flags0);
   return r < 0 ? undefined : { ipId: r >>> 1, dontFragment: (r & 1) !== 0 };
 }
 
@@ -581,8 +581,10 @@ export function verifyIcrc(info: UdpDatagramInfo, udpPayload: Uint8Array, mode: 
     return ICRC_OK;
   }
   if (mode !== 'recover') return ICRC_BAD;
-  const value = readIcrc(udpPayload);
-  const r = solveIpv4(n, value, crc32DropTail4(through, value), ipId0, flags0);
+  // The wire's ICRC t XOR the computed one, crc32DropTail4(through, t), is crc32DropTail4(through, 0)
+  // whatever t is (the tail enters that function by XOR, once inside and once outside its
+  // complement): the difference needs no read of the field.
+  const r = solveIpv4(n, crc32DropTail4(through, 0), ipId0, flags0);
   if (r < 0) return ICRC_BAD;
   verified.ipId = r >>> 1;
   verified.dontFragment = (r & 1) !== 0;
