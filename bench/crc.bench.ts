@@ -111,6 +111,8 @@ function icrcRows(m: MeasureOptions): BenchRow[] {
       // Strict with the right ID vs recover with the ID hidden: the same CRC work plus the recovery step.
       { name: `MTU ${mtu}: checkIcrc strict IPv4`, op: () => (checkIcrc(known, payload, 'strict').status === 'ok' ? 1 : 0) },
       { name: `MTU ${mtu}: checkIcrc strict IPv6`, op: () => (checkIcrc(six, payload6, 'strict').status === 'ok' ? 1 : 0) },
+      // The IPv6 receive path (UdpLink.accept): no ID to recover, no record.
+      { name: `MTU ${mtu}: verifyIcrc IPv6 (receive path)`, op: () => verifyIcrc(six, payload6, 'strict') },
       { name: `MTU ${mtu}: checkIcrcOfIpDatagram`, op: () => (checkIcrcOfIpDatagram(ip).status === 'ok' ? 1 : 0) },
       { name: `MTU ${mtu}: checkIcrc recover (ID recovered)`, op: () => (checkIcrc(socket, payload, 'recover').status === 'ok-recovered' ? 1 : 0) },
     ];
