@@ -581,9 +581,9 @@ export function verifyIcrc(info: UdpDatagramInfo, udpPayload: Uint8Array, mode: 
     return ICRC_OK;
   }
   if (mode !== 'recover') return ICRC_BAD;
-  // The wire's ICRC t XOR the computed one, crc32DropTail4(through, t), is crc32DropTail4(through, 0)
-  // whatever t is (the tail enters that function by XOR, once inside and once outside its
-  // complement): the difference needs no read of the field.
+  // The difference between the wire's ICRC t and the computed one needs no read of t: the computed
+  // one is crc32DropTail4(through, t) = ~(X ^ t), with X a function of `through` alone, so
+  // t ^ ~(X ^ t) = ~X = crc32DropTail4(through, 0).
   const r = solveIpv4(n, crc32DropTail4(through, 0), ipId0, flags0);
   if (r < 0) return ICRC_BAD;
   verified.ipId = r >>> 1;
