@@ -17,7 +17,7 @@ import {
 } from '../src/wire/icrc.js';
 import { TxRing } from '../src/link/mmsg.js';
 import type { BatchIoFfi } from '../src/link/sockopt.js';
-import { formatRows, measure, measureInterleaved, medianOf, ratioToBest, type BenchRow, type MeasureOptions } from './harness.js';
+import { formatRows, measure, measureInterleaved, median, ratioToBest, type BenchRow, type MeasureOptions } from './harness.js';
 
 const SIZES = [256, 1024, 4096, 65536] as const;
 
@@ -124,7 +124,7 @@ function icrcRows(m: MeasureOptions): BenchRow[] {
     cases.forEach((c, k) => rows.push({ name: c.name, value: r.nsPerOp[k]!, unit: 'ns/pkt', baseline: baseName, ratio: r.ratioToFirst[k]! }));
     const strictAt = cases.findIndex((c) => c.name.endsWith('checkIcrc strict IPv4'));
     const recoverAt = cases.length - 1;
-    const extra = medianOf(r.samples[recoverAt]!.map((x, i) => x - r.samples[strictAt]![i]!));
+    const extra = median(r.samples[recoverAt]!.map((x, i) => x - r.samples[strictAt]![i]!));
     rows.push({ name: `MTU ${mtu}: recover extra over strict (paired median)`, value: extra, unit: 'ns/pkt' });
     rows.push({ name: `MTU ${mtu}: strict check rate`, value: 1e3 / r.nsPerOp[strictAt]!, unit: 'Mpkt/s' });
   }

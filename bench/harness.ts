@@ -101,16 +101,20 @@ export function measureInterleaved(ops: readonly (() => number)[], opts: Measure
   }
   const first = per[0]!;
   return {
-    nsPerOp: per.map(medianOf),
-    diffToFirst: per.map((xs) => medianOf(xs.map((x, i) => x - first[i]!))),
-    ratioToFirst: per.map((xs) => medianOf(xs.map((x, i) => x / first[i]!))),
+    nsPerOp: per.map(median),
+    diffToFirst: per.map((xs) => median(xs.map((x, i) => x - first[i]!))),
+    ratioToFirst: per.map((xs) => median(xs.map((x, i) => x / first[i]!))),
     samples: per,
   };
 }
 
-/** The median of a list of numbers (the mean of the middle two for an even count). */
-export function medianOf(xs: readonly number[]): number {
-  const v = [...xs].sort((a, b) => a - b);
+/**
+ * The median of the finite numbers of a list (the mean of the middle two for an even count); NaN when
+ * there are none, e.g. every round of a case failed. The one median of the benchmarks.
+ */
+export function median(xs: readonly number[]): number {
+  const v = xs.filter((x) => Number.isFinite(x)).sort((a, b) => a - b);
+  if (v.length === 0) return NaN;
   const m = v.length >> 1;
   return v.length % 2 === 1 ? v[m]! : (v[m - 1]! + v[m]!) / 2;
 }

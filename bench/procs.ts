@@ -54,6 +54,7 @@
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { availableParallelism, cpus, loadavg, release, type } from 'node:os';
 import { fileURLToPath, pathToFileURL } from 'node:url';
+import { median } from './harness.js';
 
 // ---------------------------------------------------------------------------------------------------
 // Child side
@@ -465,13 +466,6 @@ export function machineLine(): string {
 
 // ---------------------------------------------------------------------------------------------------
 // Rounds of several cases, medians
-
-export function median(xs: readonly number[]): number {
-  const v = xs.filter((x) => Number.isFinite(x)).sort((a, b) => a - b);
-  if (v.length === 0) return NaN;
-  const m = v.length >> 1;
-  return v.length % 2 === 1 ? v[m]! : (v[m - 1]! + v[m]!) / 2;
-}
 
 /** One case of `runCases`: a round's tasks and how to turn its results into named figures. */
 export interface ProcCase {

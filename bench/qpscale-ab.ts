@@ -14,18 +14,13 @@
 import { resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { parseArgs } from 'node:util';
+import { median } from './harness.js';
 import type { ProcGroup } from './procs.js';
 import type { ScaleResult } from './qpscale.bench.js';
 
 interface Sample {
   gbps: number;
   cpu: number;
-}
-
-function median(xs: readonly number[]): number {
-  const s = [...xs].sort((a, b) => a - b);
-  const m = s.length >> 1;
-  return s.length % 2 === 1 ? s[m]! : (s[m - 1]! + s[m]!) / 2;
 }
 
 async function main(): Promise<void> {

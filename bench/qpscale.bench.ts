@@ -22,8 +22,8 @@ import { parseArgs } from 'node:util';
 import { postSend, regMr, type Qp } from '../src/api/verbs.js';
 import type { SendWr } from '../src/core/types.js';
 import { dgramBaselineName } from './dgram.bench.js';
-import { formatRows, type BenchRow } from './harness.js';
-import { machineLine, median, runCases, type ChildContext, type ProcCase, type Workload } from './procs.js';
+import { formatRows, median, type BenchRow } from './harness.js';
+import { machineLine, runCases, type ChildContext, type ProcCase, type Workload } from './procs.js';
 import {
   closeSide, connectRc, healthOf, makeRcQp, nextWc, openSide, peerInfo, psnFor, pump, settle, RX_ADDRESS, TX_ADDRESS, type Side,
 } from './rc-common.js';

@@ -3,13 +3,13 @@
  * of a shared machine, which slows both figures of a round alike, does not move the ratio.
  */
 import t from 'tap';
-import { medianOf } from '../../bench/harness.js';
+import { median } from '../../bench/harness.js';
 import { pairedRatios } from '../../bench/qpscale.bench.js';
 
-t.test('medianOf: the middle value, or the mean of the middle two', (t) => {
-  t.equal(medianOf([3, 1, 2]), 2);
-  t.equal(medianOf([4, 1, 3, 2]), 2.5);
-  t.equal(medianOf([5]), 5);
+t.test('median: the middle value, or the mean of the middle two', (t) => {
+  t.equal(median([3, 1, 2]), 2);
+  t.equal(median([4, 1, 3, 2]), 2.5);
+  t.equal(median([5]), 5);
   t.end();
 });
 
@@ -19,13 +19,13 @@ t.test('pairedRatios divides round k by round k, not median by median', (t) => {
   const many = [9, 4.5, 4.5, 9, 9].map((gbps) => ({ gbps }));
   const r = pairedRatios(many, single);
   t.same(r.map((x) => Math.round(x * 100) / 100), [0.9, 0.9, 0.9, 0.9, 0.9]);
-  t.equal(Math.round(medianOf(r) * 100) / 100, 0.9);
+  t.equal(Math.round(median(r) * 100) / 100, 0.9);
   // A slow stretch that starts during round 1's N-QP case and ends with round 3: the ratio of the
   // two medians (4.5 / 10) reads half of what every unaffected round shows.
   const single2 = [10, 5, 5, 10, 10].map((gbps) => ({ gbps }));
   const many2 = [4.5, 4.5, 4.5, 9, 9].map((gbps) => ({ gbps }));
-  t.equal(medianOf(many2.map((x) => x.gbps)) / medianOf(single2.map((x) => x.gbps)), 0.45);
-  t.equal(Math.round(medianOf(pairedRatios(many2, single2)) * 100) / 100, 0.9);
+  t.equal(median(many2.map((x) => x.gbps)) / median(single2.map((x) => x.gbps)), 0.45);
+  t.equal(Math.round(median(pairedRatios(many2, single2)) * 100) / 100, 0.9);
   t.end();
 });
 
