@@ -4,6 +4,8 @@
  * cost of IPv4 IP-ID recovery). Run: `node dist/bench/crc.bench.js [--quick]`.
  */
 import { pathToFileURL } from 'node:url';
+import { createRequire } from 'node:module';
+import { icrcAddon } from '../src/wire/addon.js';
 import { crc32, crc32Implementations, crc32Name } from '../src/wire/crc32.js';
 import {
   checkIcrc,
@@ -11,6 +13,8 @@ import {
   ICRC_RECOVERED,
   icrcOfParts,
   icrcOfUdpPayload,
+  icrcImplementation,
+  icrcJs,
   verifyIcrc,
   writeIcrc,
   type UdpDatagramInfo,
@@ -47,6 +51,25 @@ function crcRows(m: MeasureOptions): BenchRow[] {
     rows.push(...ratioToBest(group, true));
   }
   return rows;
+}
+
+/**
+ * The raw CRC-32 calls the ICRC rows are held to: each native implementation called directly, as a
+ * program that wanted only a CRC would call it (no wrapper, no seed). Per round, the fastest of them
+ * is the baseline.
+ */
+function rawCrcCalls(): { name: string; fn: (d: Uint8Array) => number }[] {
+  const calls: { name: string; fn: (d: Uint8Array) => number }[] = [];
+  const addon = icrcAddon;
+  if (addon !== undefined) calls.push({ name: 'addon', fn: (d) => addon.crc32(d) });
+  try {
+    const rs = createRequire(import.meta.url)('@node-rs/crc32') as { crc32(d: Uint8Array): number };
+    calls.push({ name: '@node-rs/crc32', fn: (d) => rs.crc32(d) });
+  } catch {
+    // not installed here: the other calls are the baseline
+  }
+  if (calls.length === 0) calls.push({ name: crc32Name, fn: (d) => crc32(d) });
+  return calls;
 }
 
 function icrcRows(m: MeasureOptions): BenchRow[] {
@@ -90,8 +113,10 @@ function icrcRows(m: MeasureOptions): BenchRow[] {
     // the median of the per-sample ratios: measured one after the other, a slow stretch of this shared
     // machine under one of them moved a ratio by ±20 % (rows below 1.0 for functions that do the raw
     // CRC's work and more).
+    const raw = rawCrcCalls().map((c) => ({ name: `MTU ${mtu}: raw CRC-32 of the ${covered} covered bytes, ${c.name}`, op: () => c.fn(plain) }));
     const cases: { name: string; op: () => number }[] = [
-      { name: `MTU ${mtu}: crc32 (${crc32Name}) of the ${covered} covered bytes`, op: () => crc32(plain) },
+      ...raw,
+      { name: `MTU ${mtu}: crc32 (the stack's, ${crc32Name}) of the ${covered} covered bytes`, op: () => crc32(plain) },
       { name: `MTU ${mtu}: icrcOfUdpPayload (send)`, op: () => icrcOfUdpPayload(known, payload) },
       {
         name: `MTU ${mtu}: icrcOfUdpPayload of the send ring's kept view (send path)`,
@@ -105,7 +130,7 @@ function icrcRows(m: MeasureOptions): BenchRow[] {
         },
       },
       { name: `MTU ${mtu}: icrcOfUdpPayload of a fresh view of the ring`, op: () => icrcOfUdpPayload(known, new Uint8Array(txRing.bytes.buffer, udpLen, udpLen)) },
-      { name: `MTU ${mtu}: icrcOfParts [bth, payload] (dgram send path)`, op: () => icrcOfParts(known, parts, udpLen) },
+      { name: `MTU ${mtu}: icrcOfParts [bth, payload] (dgram scatter path)`, op: () => icrcOfParts(known, parts, udpLen) },
       // The receive path (UdpLink.accept): `verifyIcrc`, recover mode, the ID recovered.
       { name: `MTU ${mtu}: verifyIcrc recover, ID recovered (receive path)`, op: () => verifyIcrc(socket, payload, 'recover') },
       // Strict with the right ID vs recover with the ID hidden: the same CRC work plus the recovery step.
@@ -114,14 +139,22 @@ function icrcRows(m: MeasureOptions): BenchRow[] {
       // The IPv6 receive path (UdpLink.accept): no ID to recover, no record.
       { name: `MTU ${mtu}: verifyIcrc IPv6 (receive path)`, op: () => verifyIcrc(six, payload6, 'strict') },
       { name: `MTU ${mtu}: checkIcrcOfIpDatagram`, op: () => (checkIcrcOfIpDatagram(ip).status === 'ok' ? 1 : 0) },
+      // Where the addon is not built: the JavaScript ICRC over the fastest CRC package.
+      { name: `MTU ${mtu}: JS ICRC: icrcOfUdpPayload (send)`, op: () => icrcJs.icrcOfUdpPayload(known, payload) },
+      { name: `MTU ${mtu}: JS ICRC: verifyIcrc recover, ID recovered (receive path)`, op: () => icrcJs.verifyIcrc(socket, payload, 'recover') },
+      // Last: `extra` below pairs it with the strict check.
       { name: `MTU ${mtu}: checkIcrc recover (ID recovered)`, op: () => (checkIcrc(socket, payload, 'recover').status === 'ok-recovered' ? 1 : 0) },
     ];
     const r = measureInterleaved(
       cases.map((c) => c.op),
       { ...m, samples: (m.samples ?? 15) * 2 + 1 },
     );
-    const baseName = cases[0]!.name;
-    cases.forEach((c, k) => rows.push({ name: c.name, value: r.nsPerOp[k]!, unit: 'ns/pkt', baseline: baseName, ratio: r.ratioToFirst[k]! }));
+    // Each round's baseline is the fastest raw call of that round; a row's ratio is the median of its
+    // per-round ratios to it.
+    const base = r.samples[0]!.map((_, i) => Math.min(...raw.map((_, k) => r.samples[k]![i]!)));
+    const baseName = `MTU ${mtu}: fastest raw CRC-32 of the round (${raw.map((c) => c.name.slice(c.name.lastIndexOf(', ') + 2)).join(' | ')})`;
+    rows.push({ name: baseName, value: median(base), unit: 'ns/pkt' });
+    cases.forEach((c, k) => rows.push({ name: c.name, value: r.nsPerOp[k]!, unit: 'ns/pkt', baseline: baseName, ratio: median(r.samples[k]!.map((x, i) => x / base[i]!)) }));
     const strictAt = cases.findIndex((c) => c.name.endsWith('checkIcrc strict IPv4'));
     const recoverAt = cases.length - 1;
     const extra = median(r.samples[recoverAt]!.map((x, i) => x - r.samples[strictAt]![i]!));
@@ -139,6 +172,6 @@ export async function run(opts: { quick: boolean }): Promise<BenchRow[]> {
 
 if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(process.argv[1]).href) {
   const rows = await run({ quick: process.argv.includes('--quick') });
-  console.log(`node ${process.version}, crc32 = ${crc32Name}`);
+  console.log(`node ${process.version}, crc32 = ${crc32Name}, ICRC = ${icrcImplementation}`);
   console.log(formatRows(rows));
 }

@@ -532,8 +532,8 @@ export class UdpLink implements WireLink {
         d.set(p, o);
         o += p.length;
       }
-      // Over the parts, not the slice: the same value, without a view of the slice for the CRC.
-      if (gen) writeIcrc(d, icrcOfParts(this.icrcInfo(dstAddr, dst.port, port), parts, len));
+      // Over the slice, which holds the field's place already: one call, however many parts.
+      if (gen) writeIcrc(d, icrcOfUdpPayload(this.icrcInfo(dstAddr, dst.port, port), d));
       this.transmit(socket, dst, d);
       return;
     }

@@ -11,6 +11,7 @@
  */
 import { createRequire } from 'node:module';
 import * as zlib from 'node:zlib';
+import { icrcAddon } from './addon.js';
 
 /** CRC-32 of `data`, continuing from the final CRC `prev` of the bytes before it (default 0 = none). */
 export type Crc32 = (data: Uint8Array, prev?: number) => number;
@@ -178,6 +179,17 @@ export const crc32Native: Crc32 | undefined = (() => {
 })();
 
 /**
+ * The stack's own addon (`src/native/icrc.c`, see `addon.ts`): carry-less multiplication folding like
+ * `@node-rs/crc32`, behind a call that costs about 40 ns where that one costs about 100. Absent where
+ * the addon was not built.
+ */
+export const crc32Addon: Crc32 | undefined = (() => {
+  const a = icrcAddon;
+  if (a === undefined) return undefined;
+  return (data: Uint8Array, prev = 0) => a.crc32(data, prev) >>> 0;
+})();
+
+/**
  * Whether `fn` computes CRC-32 here: the standard check value, chaining, a seed above 2^31 (the
  * signed/unsigned trap) and an unaligned view of a larger buffer, all against the bitwise reference.
  * A binding that loads but misbehaves (wrong seed convention, ignores `byteOffset`) is not trusted.
@@ -203,7 +215,9 @@ export function crc32SelfTest(fn: Crc32): boolean {
 }
 
 const candidates: readonly { name: string; fn: Crc32 | undefined }[] = [
-  // Fastest first (see docs/perf-ceilings.md: native SIMD ≈ 5× zlib at 4 KiB, zlib ≈ 2–3× pure JS).
+  // Fastest first (see docs/perf-ceilings.md: native SIMD ≈ 5× zlib at 4 KiB, zlib ≈ 2–3× pure JS;
+  // bench/README.md: the addon ahead of `@node-rs/crc32` at every size, by its cheaper call).
+  { name: 'addon', fn: crc32Addon },
   { name: 'native', fn: crc32Native },
   { name: 'zlib', fn: crc32Zlib },
   { name: 'crc-32', fn: crc32Pkg },
@@ -237,5 +251,5 @@ export const crc32: Crc32 =
     : ((big: Crc32): Crc32 =>
         (data, prev = 0) =>
           data.length < CRC32_SMALL ? crc32Table(data, prev) : big(data, prev))(chosen.fn);
-/** Which implementation `crc32` uses for inputs of `CRC32_SMALL` bytes and more (`'native'`, `'zlib'`, `'crc-32'` or `'table'`). */
+/** Which implementation `crc32` uses for inputs of `CRC32_SMALL` bytes and more (`'addon'`, `'native'`, `'zlib'`, `'crc-32'` or `'table'`). */
 export const crc32Name: string = chosen.name;

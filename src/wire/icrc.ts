@@ -21,12 +21,17 @@
  * after the sender computed the ICRC, and it is invisible to the receiver. Hence the three modes of
  * `checkIcrc` and the IP-ID recovery at the end of this file.
  *
+ * Where the stack's addon is built (`src/native/icrc.c`, loaded by `addon.ts`), each entry point below
+ * is one native call that does all of this in C; the JavaScript here is then the reference it is held
+ * to (at load, and by test/wire/icrc-addon.test.ts), and the implementation where it is not built.
+ *
  * Hot path (from a UDP socket): no allocation and a single CRC call over the UDP payload as it is. The
  * masked IP + UDP headers are rebuilt in a module-level scratch buffer and their CRC is cached per flow
  * (see `prefixFor`); the BTH mask is folded into the seed (`crc32XorByte4`) rather than written into
  * a copy, and the ICRC field the call also covers is taken back off (`crc32DropTail4`), because a
  * `subarray` view that stops short of it costs ~30 ns, a third of a native call's fixed cost.
  */
+import { icrcAddon, type IcrcAddon } from './addon.js';
 import { CRC32_RESIDUE, crc32, crc32DropTail4, crc32Table, crc32XorByte4 } from './crc32.js';
 
 /** Bytes of ICRC at the end of every RoCEv2 packet. */
@@ -396,6 +401,14 @@ function checkArgs(info: UdpDatagramInfo, udpPayloadLen: number): void {
  * UDP headers rebuilt from `info`. IPv4 uses `info.ipId` (default 0) and `info.ipFlagsFrag` (default DF).
  */
 export function icrcOfUdpPayload(info: UdpDatagramInfo, udpPayload: Uint8Array): number {
+  const a = ADDON;
+  if (a === undefined) return jsIcrcOfUdpPayload(info, udpPayload);
+  checkArgs(info, udpPayload.length);
+  writeKey(info, (info.ipId ?? 0) & 0xffff, (info.ipFlagsFrag ?? IPV4_DF) & 0xffff);
+  return a.icrc(udpPayload) >>> 0;
+}
+
+function jsIcrcOfUdpPayload(info: UdpDatagramInfo, udpPayload: Uint8Array): number {
   checkArgs(info, udpPayload.length);
   return icrcWith(info, udpPayload, readIcrc(udpPayload), (info.ipId ?? 0) & 0xffff, (info.ipFlagsFrag ?? IPV4_DF) & 0xffff);
 }
@@ -407,6 +420,18 @@ export function icrcOfUdpPayload(info: UdpDatagramInfo, udpPayload: Uint8Array):
  * BTH may straddle parts. Equal to `icrcOfUdpPayload` of the concatenation.
  */
 export function icrcOfParts(info: UdpDatagramInfo, parts: readonly Uint8Array[], udpPayloadLen: number): number {
+  const a = ADDON;
+  // Headers and payload, the scatter path's split, in one call; other splits chain the JS way.
+  if (a === undefined || parts.length !== 2) return jsIcrcOfParts(info, parts, udpPayloadLen);
+  checkArgs(info, udpPayloadLen);
+  const head = parts[0]!;
+  const tail = parts[1]!;
+  if (head.length + tail.length + ICRC_LEN !== udpPayloadLen) throw new RangeError(`parts hold ${head.length + tail.length} bytes, expected ${udpPayloadLen - ICRC_LEN}`);
+  writeKey(info, (info.ipId ?? 0) & 0xffff, (info.ipFlagsFrag ?? IPV4_DF) & 0xffff);
+  return a.icrc2(head, tail) >>> 0;
+}
+
+function jsIcrcOfParts(info: UdpDatagramInfo, parts: readonly Uint8Array[], udpPayloadLen: number): number {
   checkArgs(info, udpPayloadLen);
   let sum = 0;
   for (const p of parts) sum += p.length;
@@ -541,6 +566,16 @@ function solveIpv4(udpPayloadLen: number, d: number, ipId0: number, flags0: numb
  */
 export function recoverIpv4Id(info: UdpDatagramInfo, udpPayload: Uint8Array): { ipId: number; dontFragment: boolean } | undefined {
   if (info.family !== 4 || !infoIsValid(info) || udpPayload.length < MIN_ICRC_PAYLOAD) return undefined;
+  if (ADDON !== undefined) {
+    // The ID assumed matches or another one is found: either way the one the ICRC is right for.
+    const v = verifyIcrc(info, udpPayload, 'recover');
+    return v === ICRC_BAD ? undefined : { ipId: verified.ipId, dontFragment: verified.dontFragment };
+  }
+  return jsRecoverIpv4Id(info, udpPayload);
+}
+
+function jsRecoverIpv4Id(info: UdpDatagramInfo, udpPayload: Uint8Array): { ipId: number; dontFragment: boolean } | undefined {
+  if (info.family !== 4 || !infoIsValid(info) || udpPayload.length < MIN_ICRC_PAYLOAD) return undefined;
   const ipId0 = (info.ipId ?? 0) & 0xffff;
   const flags0 = (info.ipFlagsFrag ?? IPV4_DF) & 0xffff;
   const wire = readIcrc(udpPayload);
@@ -566,6 +601,27 @@ export const verified = { ipId: 0, dontFragment: true };
  * DF that matched (IPv4). Never throws.
  */
 export function verifyIcrc(info: UdpDatagramInfo, udpPayload: Uint8Array, mode: IcrcMode): number {
+  const a = ADDON;
+  if (a === undefined) return jsVerifyIcrc(info, udpPayload, mode);
+  if (mode === 'off') return ICRC_UNCHECKED;
+  if (udpPayload.length < MIN_ICRC_PAYLOAD || !infoIsValid(info)) return ICRC_BAD;
+  if (info.family === 6) {
+    writeKey(info, 0, 0);
+    KEY[K_MODE] = MODE_STRICT;
+    return a.verify(udpPayload);
+  }
+  writeKey(info, (info.ipId ?? 0) & 0xffff, (info.ipFlagsFrag ?? IPV4_DF) & 0xffff);
+  KEY[K_MODE] = mode === 'recover' ? MODE_RECOVER : MODE_STRICT;
+  const v = a.verify(udpPayload);
+  if (v !== ICRC_BAD) {
+    const out = KEY[K_OUT]!;
+    verified.ipId = out >>> 1;
+    verified.dontFragment = (out & 1) !== 0;
+  }
+  return v;
+}
+
+function jsVerifyIcrc(info: UdpDatagramInfo, udpPayload: Uint8Array, mode: IcrcMode): number {
   const n = udpPayload.length;
   if (mode === 'off') return ICRC_UNCHECKED;
   if (n < MIN_ICRC_PAYLOAD || !infoIsValid(info)) return ICRC_BAD;
@@ -608,10 +664,118 @@ export function checkIcrc(info: UdpDatagramInfo, udpPayload: Uint8Array, mode: I
   const v = verifyIcrc(info, udpPayload, mode);
   const six = info.family === 6;
   if (v === ICRC_BAD) {
-    const expected = six ? icrcWith(info, udpPayload, value, 0, 0) : icrcWith(info, udpPayload, value, (info.ipId ?? 0) & 0xffff, (info.ipFlagsFrag ?? IPV4_DF) & 0xffff);
+    const id = six ? 0 : (info.ipId ?? 0) & 0xffff;
+    const flags = six ? 0 : (info.ipFlagsFrag ?? IPV4_DF) & 0xffff;
+    let expected: number;
+    if (ADDON !== undefined) {
+      writeKey(info, id, flags);
+      expected = ADDON.icrc(udpPayload) >>> 0;
+    } else {
+      expected = icrcWith(info, udpPayload, value, id, flags);
+    }
     return { status: 'bad', value, expected };
   }
   if (six) return { status: 'ok', value, expected: value };
   // A recovered header reproduces the wire value by construction: it is reported as the expectation.
   return { status: v === ICRC_OK ? 'ok' : 'ok-recovered', value, expected: value, ipId: verified.ipId, dontFragment: verified.dontFragment };
 }
+
+// ---------------------------------------------------------------------------------------------
+// The addon (`src/native/icrc.c`): the same arithmetic in one native call per packet.
+//
+// The functions above take it when it is loaded and agreed with the JavaScript below at load. The
+// flow's key goes through KEY, a block of memory the addon reads, rather than as arguments: N-API reads
+// each argument for about as long as the whole key takes to write here. Addresses are stored as their
+// bytes (little-endian words: the addon copies them into its pseudo header as they lie in memory).
+
+const K_FAMILY = 0;
+const K_PORTS = 1;
+const K_ID = 2;
+const K_FLAGS = 3;
+const K_SRC = 4;
+const K_DST = 8;
+const K_MODE = 12;
+const K_OUT = 13;
+const MODE_STRICT = 0;
+const MODE_RECOVER = 1;
+const KEY = new Int32Array(16);
+
+/** Writes `info`'s flow into KEY (`info` already checked by `infoIsValid`). */
+function writeKey(info: UdpDatagramInfo, ipId: number, flagsFrag: number): void {
+  const k = KEY;
+  const s = info.srcAddr;
+  const d = info.dstAddr;
+  k[K_PORTS] = ((info.srcPort & 0xffff) << 16) | (info.dstPort & 0xffff);
+  k[K_ID] = ipId;
+  k[K_FLAGS] = flagsFrag;
+  if (info.family === 4) {
+    k[K_FAMILY] = 4;
+    k[K_SRC] = word(s, 0);
+    k[K_DST] = word(d, 0);
+  } else {
+    writeAddresses6(k, s, d);
+  }
+}
+
+/** IPv6's eight address words, out of line so that `writeKey` stays small enough to inline. */
+function writeAddresses6(k: Int32Array, s: Uint8Array, d: Uint8Array): void {
+  // Unrolled: the loop took half as long again.
+  k[K_FAMILY] = 6;
+  k[K_SRC] = word(s, 0);
+  k[K_SRC + 1] = word(s, 4);
+  k[K_SRC + 2] = word(s, 8);
+  k[K_SRC + 3] = word(s, 12);
+  k[K_DST] = word(d, 0);
+  k[K_DST + 1] = word(d, 4);
+  k[K_DST + 2] = word(d, 8);
+  k[K_DST + 3] = word(d, 12);
+}
+
+/**
+ * The pure JavaScript ICRC, as used where the addon is not built: exported for the tests that hold the
+ * addon to it and for the benchmark's comparison.
+ */
+export const icrcJs = Object.freeze({
+  icrcOfUdpPayload: jsIcrcOfUdpPayload,
+  icrcOfParts: jsIcrcOfParts,
+  verifyIcrc: jsVerifyIcrc,
+  recoverIpv4Id: jsRecoverIpv4Id,
+});
+
+/**
+ * Whether `a` computes what the JavaScript computes, on packets that take every branch: both families,
+ * an IPv4 ID and DF other than assumed, a cache hit and miss, two parts split inside the BTH, a
+ * corrupted packet. An addon that loads but disagrees (another byte order, a bad build) is not used.
+ */
+function addonAgrees(a: IcrcAddon): boolean {
+  try {
+    a.bind(KEY);
+    const v4: UdpDatagramInfo = { family: 4, srcAddr: Uint8Array.of(10, 0, 0, 1), dstAddr: Uint8Array.of(10, 0, 0, 2), srcPort: 0xc000, dstPort: 4791, ipId: 0x1234, ipFlagsFrag: IPV4_DF };
+    const v6: UdpDatagramInfo = { family: 6, srcAddr: new Uint8Array(16).fill(0xfe), dstAddr: new Uint8Array(16).fill(0x21), srcPort: 0xc001, dstPort: 4791, ipId: 0, ipFlagsFrag: 0 };
+    const p = new Uint8Array(12 + 200 + 4);
+    for (let i = 0; i < p.length; i++) p[i] = (i * 151 + 7) & 0xff;
+    for (const info of [v4, v6, v4]) {
+      const want = jsIcrcOfUdpPayload(info, p);
+      writeKey(info, (info.ipId ?? 0) & 0xffff, (info.ipFlagsFrag ?? IPV4_DF) & 0xffff);
+      if (a.icrc(p) >>> 0 !== want) return false;
+      if (a.icrc2(p.subarray(0, 3), p.subarray(3, p.length - 4)) >>> 0 !== want) return false;
+      writeIcrc(p, want);
+      KEY[K_MODE] = MODE_STRICT;
+      if (a.verify(p) !== ICRC_OK) return false;
+    }
+    // The sender's ID 0x1234, a receiver assuming 0: recovered; one bit flipped: bad.
+    const guess = { ...v4, ipId: 0 };
+    writeKey(guess, 0, IPV4_DF);
+    KEY[K_MODE] = MODE_RECOVER;
+    if (a.verify(p) !== ICRC_RECOVERED || KEY[K_OUT] !== ((0x1234 << 1) | 1)) return false;
+    p[100] = p[100]! ^ 0x10;
+    return a.verify(p) === ICRC_BAD && jsVerifyIcrc(guess, p, 'recover') === ICRC_BAD;
+  } catch {
+    return false;
+  }
+}
+
+const ADDON: IcrcAddon | undefined = icrcAddon !== undefined && addonAgrees(icrcAddon) ? icrcAddon : undefined;
+
+/** Which ICRC the functions above compute with: `'addon'` or `'js'` (the JS one over `crc32`). */
+export const icrcImplementation: 'addon' | 'js' = ADDON !== undefined ? 'addon' : 'js';

@@ -2,6 +2,7 @@ import t from 'tap';
 import {
   CRC32_RESIDUE,
   crc32,
+  crc32Addon,
   crc32Bitwise,
   crc32DropTail4,
   crc32Implementations,
@@ -50,6 +51,7 @@ t.test('the selection', async (t) => {
 // Every implementation that loads, whether or not it passed the load-time self test, so that a broken
 // one fails here by name instead of silently dropping out of the selection.
 const loaded: { name: string; fn: Crc32 }[] = [{ name: 'table', fn: crc32Table }];
+if (crc32Addon !== undefined) loaded.push({ name: 'addon', fn: crc32Addon });
 if (crc32Native !== undefined) loaded.push({ name: 'native', fn: crc32Native });
 if (crc32Zlib !== undefined) loaded.push({ name: 'zlib', fn: crc32Zlib });
 if (crc32Pkg !== undefined) loaded.push({ name: 'crc-32', fn: crc32Pkg });

@@ -1,0 +1,59 @@
+/**
+ * The stack's native addon, `src/native/icrc.c`: CRC-32, and the RoCEv2 ICRC of a whole packet, in
+ * one call each. `npm install` builds it with node-gyp (`npm run build:addon` rebuilds it); where that
+ * fails (no compiler) the stack runs on the JavaScript ICRC over the fastest CRC-32 package instead,
+ * with the same results. `ROCE_ADDON=0` in the environment leaves it unloaded, for comparisons.
+ *
+ * This module only loads it. `crc32.ts` and `icrc.ts` each check it against their JavaScript
+ * reference when they load, and use it only if it agrees.
+ */
+import { existsSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { fileURLToPath } from 'node:url';
+
+/** What `icrc.c` exports. Results are int32: take `>>> 0` for the unsigned value. */
+export interface IcrcAddon {
+  /** Whether the CRC runs on carry-less multiplication (x86-64 with PCLMULQDQ); else a table. */
+  readonly clmul: boolean;
+  /** CRC-32 of `data`, continuing from the final CRC `seed` (zlib's chaining). */
+  crc32(data: Uint8Array, seed?: number): number;
+  /** The ICRC of a UDP payload (BTH … ICRC field) for the flow in the bound key block. */
+  icrc(udpPayload: Uint8Array): number;
+  /** The ICRC of a UDP payload given as `head ‖ tail` without its ICRC field, for the bound flow. */
+  icrc2(head: Uint8Array, tail: Uint8Array): number;
+  /** 1: the ICRC matches; 2: it matches for another IPv4 ID (recover mode); 0: it does not. */
+  verify(udpPayload: Uint8Array): number;
+  /** The Int32Array (16 words) the key is written into before each `icrc`, `icrc2` or `verify`. */
+  bind(block: Int32Array): void;
+}
+
+/** Where node-gyp leaves the addon, from this file in `src/wire` or in `dist/src/wire`. */
+const CANDIDATES = ['../native/build/Release/roce_icrc.node', '../../../src/native/build/Release/roce_icrc.node'];
+
+/** Why the addon is not loaded, or undefined when it is. */
+export let addonMissing: string | undefined;
+
+function load(): IcrcAddon | undefined {
+  if (process.env['ROCE_ADDON'] === '0') {
+    addonMissing = 'ROCE_ADDON=0';
+    return undefined;
+  }
+  const path = CANDIDATES.map((c) => fileURLToPath(new URL(c, import.meta.url))).find((p) => existsSync(p));
+  if (path === undefined) {
+    addonMissing = 'not built (npm run build:addon)';
+    return undefined;
+  }
+  try {
+    const m = createRequire(import.meta.url)(path) as IcrcAddon;
+    for (const f of ['crc32', 'icrc', 'icrc2', 'verify', 'bind'] as const) {
+      if (typeof m[f] !== 'function') throw new Error(`no ${f}()`);
+    }
+    return m;
+  } catch (e) {
+    addonMissing = `failed to load ${path}: ${(e as Error).message}`;
+    return undefined;
+  }
+}
+
+/** The addon, or undefined (see `addonMissing`). */
+export const icrcAddon: IcrcAddon | undefined = load();

@@ -1,0 +1,222 @@
+/**
+ * The native addon (src/native/icrc.c) against the JavaScript it replaces: CRC-32 against the bitwise
+ * oracle, and every ICRC entry point against `icrcJs`, over random packets at every alignment, both
+ * families, random IDs, splits and corruptions. icrc.test.ts runs the public functions (the addon,
+ * where built) against the rxe captures and a naive oracle; this file holds the two implementations
+ * to each other where the captures do not reach.
+ */
+import { spawnSync } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import { Worker } from 'node:worker_threads';
+import t from 'tap';
+import { addonMissing, icrcAddon } from '../../src/wire/addon.js';
+import { crc32Bitwise, crc32Name } from '../../src/wire/crc32.js';
+import {
+  ICRC_BAD,
+  icrcImplementation,
+  icrcJs,
+  icrcOfParts,
+  icrcOfUdpPayload,
+  MIN_ICRC_PAYLOAD,
+  recoverIpv4Id,
+  verified,
+  verifyIcrc,
+  writeIcrc,
+  type IcrcMode,
+  type UdpDatagramInfo,
+} from '../../src/wire/icrc.js';
+import { randomBytes, xorshift32 } from './capture-helper.js';
+
+// `npm install` builds the addon; only an explicit ROCE_ADDON=0 runs these tests without it.
+const optedOut = process.env['ROCE_ADDON'] === '0';
+
+t.test('the addon is built, loaded and used', async (t) => {
+  if (optedOut) {
+    t.equal(icrcAddon, undefined, 'ROCE_ADDON=0 leaves it unloaded');
+    t.equal(icrcImplementation, 'js');
+    return;
+  }
+  t.ok(icrcAddon, `the addon loads (${addonMissing ?? 'loaded'}); npm run build:addon builds it`);
+  t.equal(icrcImplementation, 'addon', 'it agreed with the JavaScript ICRC at load');
+  t.equal(crc32Name, 'addon', 'and it is the CRC-32 the stack uses');
+});
+
+const addon = icrcAddon;
+
+t.test('CRC-32: every length to 300, then random lengths, offsets and seeds, against the oracle', { skip: addon === undefined && 'no addon (see above)' }, async (t) => {
+  const a = addon!;
+  const rnd = xorshift32(0xc0ffee);
+  const big = randomBytes(rnd, 70_000);
+  let bad = 0;
+  let n = 0;
+  const check = (off: number, len: number, seed: number): void => {
+    const v = big.subarray(off, off + len);
+    if (a.crc32(v, seed) >>> 0 !== crc32Bitwise(v, seed)) bad++;
+    n++;
+  };
+  for (let len = 0; len <= 300; len++) check(len % 17, len, len * 0x9e3779b9);
+  for (let k = 0; k < 400; k++) check(rnd() % 64, rnd() % 9000, rnd());
+  check(3, 65_600, 0); // longer than any datagram, not a multiple of 16, unaligned
+  t.equal(bad, 0, `${n} cases`);
+  t.equal(a.crc32(big.subarray(0, 0), 0x12345678) >>> 0, 0x12345678, 'empty input returns the seed');
+  t.equal(a.crc32(new TextEncoder().encode('123456789')) >>> 0, 0xcbf43926, 'the check value, seed defaulted');
+});
+
+t.test('the addon refuses what is not a byte array, without crashing', { skip: addon === undefined && 'no addon (see above)' }, async (t) => {
+  const a = addon!;
+  for (const bad of [undefined, null, 42, 'abc', {}, [1, 2, 3], new Int32Array(8), new DataView(new ArrayBuffer(8))]) {
+    t.throws(() => a.crc32(bad as unknown as Uint8Array), TypeError, `crc32(${Object.prototype.toString.call(bad)})`);
+    t.throws(() => a.icrc(bad as unknown as Uint8Array), TypeError, `icrc(${Object.prototype.toString.call(bad)})`);
+    t.throws(() => a.verify(bad as unknown as Uint8Array), TypeError);
+    t.throws(() => a.icrc2(bad as unknown as Uint8Array, new Uint8Array(16)), TypeError);
+  }
+  t.throws(() => a.bind(new Uint8Array(64) as unknown as Int32Array), TypeError, 'bind wants an Int32Array');
+  t.throws(() => a.bind(new Int32Array(4)), TypeError, 'of 16 words');
+  t.throws(() => a.icrc(new Uint8Array(MIN_ICRC_PAYLOAD - 1)), RangeError, 'a payload shorter than BTH + ICRC');
+  t.throws(() => a.icrc2(new Uint8Array(5), new Uint8Array(6)), RangeError, 'parts shorter than a BTH');
+  t.equal(a.verify(new Uint8Array(3)), ICRC_BAD, 'verify answers bad for a runt');
+  const info: UdpDatagramInfo = { family: 4, srcAddr: Uint8Array.of(1, 2, 3, 4), dstAddr: Uint8Array.of(5, 6, 7, 8), srcPort: 1, dstPort: 4791 };
+  t.throws(() => icrcOfUdpPayload(info, new Uint8Array(15)), RangeError, 'the public function: a RangeError, as without the addon');
+});
+
+function randomInfo(rnd: () => number, family: 4 | 6): UdpDatagramInfo {
+  const n = family === 4 ? 4 : 16;
+  return {
+    family,
+    srcAddr: randomBytes(rnd, n),
+    dstAddr: randomBytes(rnd, n),
+    srcPort: rnd() & 0xffff,
+    dstPort: rnd() & 1 ? 4791 : rnd() & 0xffff,
+    ipId: rnd() & 1 ? 0 : rnd() & 0xffff,
+    ipFlagsFrag: rnd() & 1 ? 0x4000 : 0,
+  };
+}
+
+t.test('ICRC: addon and JavaScript agree on random packets, both families, every alignment', async (t) => {
+  const rnd = xorshift32(0x1cc0);
+  const arena = randomBytes(rnd, 5000 + 64);
+  let bad = 0;
+  let n = 0;
+  for (let k = 0; k < 1500; k++) {
+    const info = randomInfo(rnd, k % 3 === 0 ? 6 : 4);
+    const len = k < 200 ? MIN_ICRC_PAYLOAD + k : MIN_ICRC_PAYLOAD + (rnd() % 4200);
+    const off = rnd() % 48;
+    const p = arena.subarray(off, off + len);
+    const want = icrcJs.icrcOfUdpPayload(info, p);
+    if (icrcOfUdpPayload(info, p) !== want) bad++;
+    // Two parts split anywhere, the BTH included.
+    const cut = rnd() % (len - 4 + 1);
+    if (icrcOfParts(info, [p.subarray(0, cut), p.subarray(cut, len - 4)], len) !== want) bad++;
+    n++;
+  }
+  t.equal(bad, 0, `${n} packets, each whole and in two parts`);
+});
+
+t.test('ICRC verdicts: addon and JavaScript agree, with the same ID and DF, on good, foreign-ID and corrupt packets', async (t) => {
+  const rnd = xorshift32(0x5eed);
+  let differ = 0;
+  let recovered = 0;
+  let n = 0;
+  for (let k = 0; k < 1200; k++) {
+    const family = k % 4 === 0 ? 6 : 4;
+    const sender = randomInfo(rnd, family);
+    const len = MIN_ICRC_PAYLOAD + (rnd() % 3000);
+    const p = randomBytes(rnd, len);
+    writeIcrc(p, icrcJs.icrcOfUdpPayload(sender, p));
+    const what = rnd() % 4;
+    const at = rnd() % (len - 4);
+    if (what === 1) p[at] = p[at]! ^ (1 << (rnd() & 7)); // corrupt a covered byte
+    if (what === 2) p[4] = p[4]! ^ 0xc0; // FECN/BECN: masked, still good
+    // The receiver guesses an ID (a UDP socket cannot see it) or knows it.
+    const receiver: UdpDatagramInfo = { ...sender, ipId: what === 3 ? (sender.ipId ?? 0) : rnd() & 0xffff, ipFlagsFrag: rnd() & 1 ? 0x4000 : 0 };
+    for (const mode of ['strict', 'recover', 'off'] as IcrcMode[]) {
+      const js = icrcJs.verifyIcrc(receiver, p, mode);
+      const jsOut = { ...verified };
+      const native = verifyIcrc(receiver, p, mode);
+      const out = { ...verified };
+      n++;
+      if (js !== native) differ++;
+      else if (native !== ICRC_BAD && family === 4 && (out.ipId !== jsOut.ipId || out.dontFragment !== jsOut.dontFragment)) differ++;
+      if (mode === 'recover' && native === 2) recovered++;
+    }
+    const r1 = icrcJs.recoverIpv4Id(receiver, p);
+    const r2 = recoverIpv4Id(receiver, p);
+    if (JSON.stringify(r1) !== JSON.stringify(r2)) differ++;
+  }
+  t.equal(differ, 0, `${n} verdicts`);
+  t.ok(recovered > 300, `IDs recovered: ${recovered}`);
+});
+
+t.test('the flow cache: a flow of three alternating, and an address rewritten in place, each get their own ICRC', async (t) => {
+  const rnd = xorshift32(77);
+  const flows = [randomInfo(rnd, 4), randomInfo(rnd, 6), randomInfo(rnd, 4)];
+  const p = randomBytes(rnd, 1040);
+  let bad = 0;
+  for (let k = 0; k < 300; k++) {
+    const info = flows[k % 3]!;
+    const at = rnd() % info.srcAddr.length;
+    if (k % 7 === 0) info.srcAddr[at] = info.srcAddr[at]! ^ (1 << (rnd() & 7)); // same array, new address
+    if (k % 11 === 0) info.ipId = rnd() & 0xffff;
+    const q = p.subarray(0, 16 + (k % 5) * 100); // and the length changes
+    if (icrcOfUdpPayload(info, q) !== icrcJs.icrcOfUdpPayload(info, q)) bad++;
+  }
+  t.equal(bad, 0);
+});
+
+t.test('a worker thread has its own addon state: both compute at once and agree', async (t) => {
+  // The worker runs the compiled dist/src/wire/icrc.js, as this file runs from dist/test.
+  const icrcModule = new URL('../../src/wire/icrc.js', import.meta.url).href;
+  const code = `
+    const { parentPort } = require('node:worker_threads');
+    import(${JSON.stringify(icrcModule)}).then((m) => {
+      const info = { family: 4, srcAddr: Uint8Array.of(10, 0, 0, 9), dstAddr: Uint8Array.of(10, 0, 0, 8), srcPort: 5000, dstPort: 4791, ipId: 0, ipFlagsFrag: 0x4000 };
+      const p = new Uint8Array(1040).map((_, i) => i * 31);
+      let x = 0;
+      for (let i = 0; i < 20000; i++) { info.ipId = i & 0xffff; x = (x + m.icrcOfUdpPayload(info, p)) >>> 0; }
+      parentPort.postMessage({ impl: m.icrcImplementation, x });
+    });`;
+  const w = new Worker(code, { eval: true });
+  const fromWorker = new Promise<{ impl: string; x: number }>((resolve, reject) => {
+    w.once('message', resolve);
+    w.once('error', reject);
+  });
+  // Meanwhile this thread computes other flows through its own key block and cache.
+  const mine: UdpDatagramInfo = { family: 6, srcAddr: new Uint8Array(16).fill(1), dstAddr: new Uint8Array(16).fill(2), srcPort: 7, dstPort: 4791 };
+  const q = new Uint8Array(600).map((_, i) => i * 7);
+  let mismatches = 0;
+  for (let i = 0; i < 20000; i++) {
+    mine.srcPort = i & 0xffff;
+    if (icrcOfUdpPayload(mine, q) !== icrcJs.icrcOfUdpPayload(mine, q)) mismatches++;
+  }
+  const r = await fromWorker;
+  await w.terminate();
+  const info: UdpDatagramInfo = { family: 4, srcAddr: Uint8Array.of(10, 0, 0, 9), dstAddr: Uint8Array.of(10, 0, 0, 8), srcPort: 5000, dstPort: 4791, ipId: 0, ipFlagsFrag: 0x4000 };
+  const p = new Uint8Array(1040).map((_, i) => i * 31);
+  let x = 0;
+  for (let i = 0; i < 20000; i++) {
+    info.ipId = i & 0xffff;
+    x = (x + icrcJs.icrcOfUdpPayload(info, p)) >>> 0;
+  }
+  t.equal(mismatches, 0, 'this thread');
+  t.equal(r.impl, icrcImplementation, 'the worker uses the same implementation');
+  t.equal(r.x, x, 'the worker');
+});
+
+t.test('without the addon (ROCE_ADDON=0) the stack computes the same ICRCs in JavaScript', { skip: optedOut && 'this run is the one without' }, async (t) => {
+  const icrcModule = fileURLToPath(new URL('../../src/wire/icrc.js', import.meta.url));
+  const crcModule = fileURLToPath(new URL('../../src/wire/crc32.js', import.meta.url));
+  const script = `
+    const m = await import(${JSON.stringify(icrcModule)});
+    const c = await import(${JSON.stringify(crcModule)});
+    const info = { family: 4, srcAddr: Uint8Array.of(192, 168, 7, 1), dstAddr: Uint8Array.of(192, 168, 7, 2), srcPort: 49152, dstPort: 4791, ipId: 7, ipFlagsFrag: 0x4000 };
+    const p = new Uint8Array(1100).map((_, i) => i * 13);
+    console.log(JSON.stringify({ impl: m.icrcImplementation, crc: c.crc32Name, icrc: m.icrcOfUdpPayload(info, p) }));`;
+  const r = spawnSync(process.execPath, ['--input-type=module', '-e', script], { env: { ...process.env, ROCE_ADDON: '0' }, encoding: 'utf8', timeout: 30_000 });
+  t.equal(r.status, 0, r.stderr);
+  const out = JSON.parse(r.stdout) as { impl: string; crc: string; icrc: number };
+  t.equal(out.impl, 'js');
+  t.not(out.crc, 'addon');
+  const info: UdpDatagramInfo = { family: 4, srcAddr: Uint8Array.of(192, 168, 7, 1), dstAddr: Uint8Array.of(192, 168, 7, 2), srcPort: 49152, dstPort: 4791, ipId: 7, ipFlagsFrag: 0x4000 };
+  const p = new Uint8Array(1100).map((_, i) => i * 13);
+  t.equal(out.icrc, icrcOfUdpPayload(info, p), `the same ICRC as this process computes (${icrcImplementation})`);
+});
