@@ -119,6 +119,19 @@ export function median(xs: readonly number[]): number {
   return v.length % 2 === 1 ? v[m]! : (v[m - 1]! + v[m]!) / 2;
 }
 
+/**
+ * Round k's `key` over round k's `key` of a baseline, for the rounds both cases have: the ratios whose
+ * median the two-process suites report (QP scale, ping-pong), because round k of every case runs back
+ * to back and a slow stretch of a shared machine moves both figures of a round together, where it
+ * moves a ratio of two medians taken from different rounds.
+ */
+export function pairedRatios(rounds: readonly Record<string, number>[], baseline: readonly Record<string, number>[], key: string): number[] {
+  const n = Math.min(rounds.length, baseline.length);
+  const out: number[] = [];
+  for (let k = 0; k < n; k++) out.push(rounds[k]![key]! / baseline[k]![key]!);
+  return out;
+}
+
 /** Fills in `baseline`/`ratio` for each group of rows: ratio = value / the group's best value. */
 export function ratioToBest(rows: BenchRow[], higherIsBetter: boolean): BenchRow[] {
   const best = rows.reduce((a, b) => ((higherIsBetter ? b.value > a.value : b.value < a.value) ? b : a));

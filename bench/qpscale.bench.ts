@@ -22,7 +22,7 @@ import { parseArgs } from 'node:util';
 import { postSend, regMr, type Qp } from '../src/api/verbs.js';
 import type { SendWr } from '../src/core/types.js';
 import { dgramBaselineName } from './dgram.bench.js';
-import { formatRows, median, type BenchRow } from './harness.js';
+import { formatRows, median, pairedRatios, type BenchRow } from './harness.js';
 import { machineLine, runCases, type ChildContext, type ProcCase, type Workload } from './procs.js';
 import {
   closeSide, connectRc, healthOf, makeRcQp, nextWc, openSide, peerInfo, psnFor, pump, settle, RX_ADDRESS, TX_ADDRESS, type Side,
@@ -147,13 +147,6 @@ interface ScaleSuiteOptions extends SuiteOptions {
   rounds?: number;
 }
 
-/** Round k's goodput over round k's single-QP goodput, for the rounds both cases have. */
-export function pairedRatios(rounds: readonly Record<string, number>[], single: readonly Record<string, number>[]): number[] {
-  const n = Math.min(rounds.length, single.length);
-  const out: number[] = [];
-  for (let k = 0; k < n; k++) out.push(rounds[k]!['gbps']! / single[k]!['gbps']!);
-  return out;
-}
 
 export async function run(opts: ScaleSuiteOptions): Promise<BenchRow[]> {
   const quick = opts.quick;
@@ -207,7 +200,7 @@ export async function run(opts: ScaleSuiteOptions): Promise<BenchRow[]> {
       // The ratio is the median of the rounds' own ratios: round k of every QP count runs back to back
       // (runCases interleaves them), so a slow stretch of this shared machine moves both figures of a
       // round together, where it moved a ratio of two medians taken from different rounds.
-      const perRound = pairedRatios(o.rounds, single.rounds);
+      const perRound = pairedRatios(o.rounds, single.rounds, 'gbps');
       rows.push({ ...row, baseline: goodputRowName(1), ratio: median(perRound) });
       opts.log?.(`${qpLabel(n)} over 1 RC QP, round by round: ${perRound.map((x) => x.toFixed(2)).join(' ')}`);
     } else rows.push(row);
