@@ -566,7 +566,8 @@ function solveIpv4(udpPayloadLen: number, d: number, ipId0: number, flags0: numb
  */
 export function recoverIpv4Id(info: UdpDatagramInfo, udpPayload: Uint8Array): { ipId: number; dontFragment: boolean } | undefined {
   if (info.family !== 4 || !infoIsValid(info) || udpPayload.length < MIN_ICRC_PAYLOAD) return undefined;
-  if (ADDON !== undefined) {
+  // The answer is an ID with flags DF or 0; assumed flags other than those are the JavaScript's case.
+  if (ADDON !== undefined && (((info.ipFlagsFrag ?? IPV4_DF) & 0xffff) & ~IPV4_DF) === 0) {
     // The ID assumed matches or another one is found: either way the one the ICRC is right for.
     const v = verifyIcrc(info, udpPayload, 'recover');
     return v === ICRC_BAD ? undefined : { ipId: verified.ipId, dontFragment: verified.dontFragment };

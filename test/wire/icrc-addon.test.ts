@@ -147,6 +147,16 @@ t.test('ICRC verdicts: addon and JavaScript agree, with the same ID and DF, on g
   t.ok(recovered > 300, `IDs recovered: ${recovered}`);
 });
 
+t.test('recoverIpv4Id with assumed flags other than DF or 0 answers as the JavaScript does', async (t) => {
+  const rnd = xorshift32(4242);
+  const p = randomBytes(rnd, 300);
+  for (const flags of [0x2000, 0x6000, 0x4001, 0x8000]) {
+    const sender: UdpDatagramInfo = { family: 4, srcAddr: Uint8Array.of(10, 1, 1, 1), dstAddr: Uint8Array.of(10, 1, 1, 2), srcPort: 4000, dstPort: 4791, ipId: 77, ipFlagsFrag: flags };
+    writeIcrc(p, icrcJs.icrcOfUdpPayload(sender, p));
+    t.same(recoverIpv4Id(sender, p), icrcJs.recoverIpv4Id(sender, p), `flags 0x${flags.toString(16)}`);
+  }
+});
+
 t.test('the flow cache: a flow of three alternating, and an address rewritten in place, each get their own ICRC', async (t) => {
   const rnd = xorshift32(77);
   const flows = [randomInfo(rnd, 4), randomInfo(rnd, 6), randomInfo(rnd, 4)];
