@@ -65,9 +65,10 @@ static int have_clmul;
 
 /*
  * Carry-less multiplication folding (Gopal et al., "Fast CRC Computation for Generic Polynomials Using
- * PCLMULQDQ Instruction", Intel, 2009), with the bit-reflected constants for this polynomial:
- * k1/k2 = x^(4·128+64) / x^(4·128) mod P fold four 128-bit lanes over 64 bytes, k3/k4 the same over
- * 16 bytes, k5 takes 96 bits to 64, and μ/P' are the Barrett reduction's constants.
+ * PCLMULQDQ Instruction", Intel, 2009), with the paper's bit-reflected constants for this polynomial:
+ * k1/k2 move each of four 128-bit lanes forward by 64 bytes, k3/k4 one lane by 16 bytes, k5 takes
+ * the last 96 bits to 64, and μ/P' are the Barrett reduction's. test/wire/icrc-addon.test.ts holds the
+ * result to the bitwise CRC at every length to 300 and at random lengths, offsets and seeds.
  */
 #define ROCE_CLMUL __attribute__((target("pclmul,sse4.1")))
 
