@@ -428,17 +428,16 @@ static napi_value js_crc32(napi_env env, napi_callback_info info) {
   return int32_value(env, ~reg_update(~seed, p, n));
 }
 
-static env_state *bound_state(napi_env env, napi_callback_info info, napi_value *arg) {
-  size_t argc = 1;
+/*
+ * The environment's state with its key block bound, and the call's first `argc` arguments (missing
+ * ones read as undefined, which `bytes_of` refuses); NULL with an error pending if none is bound.
+ */
+static env_state *bound_state(napi_env env, napi_callback_info info, size_t argc, napi_value *argv) {
   void *data;
-  napi_get_cb_info(env, info, &argc, arg, NULL, &data);
+  napi_get_cb_info(env, info, &argc, argv, NULL, &data);
   env_state *s = data;
   if (s->key == NULL) {
     napi_throw_error(env, NULL, "roce_icrc: bind() a key block first");
-    return NULL;
-  }
-  if (argc < 1) {
-    napi_throw_type_error(env, NULL, "expected a Uint8Array");
     return NULL;
   }
   return s;
@@ -451,7 +450,7 @@ static int family_ok(env_state *s) {
 /* icrc(udpPayload): the ICRC of a RoCEv2 UDP payload for the flow in the key block. */
 static napi_value js_icrc(napi_env env, napi_callback_info info) {
   napi_value arg;
-  env_state *s = bound_state(env, info, &arg);
+  env_state *s = bound_state(env, info, 1, &arg);
   const uint8_t *p;
   size_t n;
   if (s == NULL || !bytes_of(env, arg, &p, &n)) return NULL;
@@ -464,18 +463,11 @@ static napi_value js_icrc(napi_env env, napi_callback_info info) {
 
 /* icrc2(head, tail): the ICRC of the UDP payload head ‖ tail ‖ ICRC field, for the key block's flow. */
 static napi_value js_icrc2(napi_env env, napi_callback_info info) {
-  size_t argc = 2;
   napi_value argv[2];
-  void *data;
-  napi_get_cb_info(env, info, &argc, argv, NULL, &data);
-  env_state *s = data;
-  if (s->key == NULL) {
-    napi_throw_error(env, NULL, "roce_icrc: bind() a key block first");
-    return NULL;
-  }
+  env_state *s = bound_state(env, info, 2, argv);
   const uint8_t *a, *b;
   size_t na, nb;
-  if (!bytes_of(env, argv[0], &a, &na) || !bytes_of(env, argv[1], &b, &nb)) return NULL;
+  if (s == NULL || !bytes_of(env, argv[0], &a, &na) || !bytes_of(env, argv[1], &b, &nb)) return NULL;
   if (na + nb < BTH_LEN || !family_ok(s)) {
     napi_throw_range_error(env, NULL, "parts shorter than a BTH, or a key block of no family");
     return NULL;
@@ -490,7 +482,7 @@ static napi_value js_icrc2(napi_env env, napi_callback_info info) {
  */
 static napi_value js_verify(napi_env env, napi_callback_info info) {
   napi_value arg;
-  env_state *s = bound_state(env, info, &arg);
+  env_state *s = bound_state(env, info, 1, &arg);
   const uint8_t *p;
   size_t n;
   if (s == NULL || !bytes_of(env, arg, &p, &n)) return NULL;

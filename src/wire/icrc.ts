@@ -404,7 +404,7 @@ export function icrcOfUdpPayload(info: UdpDatagramInfo, udpPayload: Uint8Array):
   const a = ADDON;
   if (a === undefined) return jsIcrcOfUdpPayload(info, udpPayload);
   checkArgs(info, udpPayload.length);
-  writeKey(info, (info.ipId ?? 0) & 0xffff, (info.ipFlagsFrag ?? IPV4_DF) & 0xffff);
+  writeInfoKey(info);
   return a.icrc(udpPayload) >>> 0;
 }
 
@@ -427,7 +427,7 @@ export function icrcOfParts(info: UdpDatagramInfo, parts: readonly Uint8Array[],
   const head = parts[0]!;
   const tail = parts[1]!;
   if (head.length + tail.length + ICRC_LEN !== udpPayloadLen) throw new RangeError(`parts hold ${head.length + tail.length} bytes, expected ${udpPayloadLen - ICRC_LEN}`);
-  writeKey(info, (info.ipId ?? 0) & 0xffff, (info.ipFlagsFrag ?? IPV4_DF) & 0xffff);
+  writeInfoKey(info);
   return a.icrc2(head, tail) >>> 0;
 }
 
@@ -611,7 +611,7 @@ export function verifyIcrc(info: UdpDatagramInfo, udpPayload: Uint8Array, mode: 
     KEY[K_MODE] = MODE_STRICT;
     return a.verify(udpPayload);
   }
-  writeKey(info, (info.ipId ?? 0) & 0xffff, (info.ipFlagsFrag ?? IPV4_DF) & 0xffff);
+  writeInfoKey(info);
   KEY[K_MODE] = mode === 'recover' ? MODE_RECOVER : MODE_STRICT;
   const v = a.verify(udpPayload);
   if (v !== ICRC_BAD) {
@@ -701,6 +701,11 @@ const MODE_STRICT = 0;
 const MODE_RECOVER = 1;
 const KEY = new Int32Array(16);
 
+/** `writeKey` with `info`'s own IPv4 ID and flags (defaults 0 and DF), as the send side uses them. */
+function writeInfoKey(info: UdpDatagramInfo): void {
+  writeKey(info, (info.ipId ?? 0) & 0xffff, (info.ipFlagsFrag ?? IPV4_DF) & 0xffff);
+}
+
 /** Writes `info`'s flow into KEY (`info` already checked by `infoIsValid`). */
 function writeKey(info: UdpDatagramInfo, ipId: number, flagsFrag: number): void {
   const k = KEY;
@@ -757,7 +762,7 @@ function addonAgrees(a: IcrcAddon): boolean {
     for (let i = 0; i < p.length; i++) p[i] = (i * 151 + 7) & 0xff;
     for (const info of [v4, v6, v4]) {
       const want = jsIcrcOfUdpPayload(info, p);
-      writeKey(info, (info.ipId ?? 0) & 0xffff, (info.ipFlagsFrag ?? IPV4_DF) & 0xffff);
+      writeInfoKey(info);
       if (a.icrc(p) >>> 0 !== want) return false;
       if (a.icrc2(p.subarray(0, 3), p.subarray(3, p.length - 4)) >>> 0 !== want) return false;
       writeIcrc(p, want);
