@@ -113,7 +113,8 @@ function icrcRows(m: MeasureOptions): BenchRow[] {
     // the median of the per-sample ratios: measured one after the other, a slow stretch of this shared
     // machine under one of them moved a ratio by ±20 % (rows below 1.0 for functions that do the raw
     // CRC's work and more).
-    const raw = rawCrcCalls().map((c) => ({ name: `MTU ${mtu}: raw CRC-32 of the ${covered} covered bytes, ${c.name}`, op: () => c.fn(plain) }));
+    const calls = rawCrcCalls();
+    const raw = calls.map((c) => ({ name: `MTU ${mtu}: raw CRC-32 of the ${covered} covered bytes, ${c.name}`, op: () => c.fn(plain) }));
     const cases: { name: string; op: () => number }[] = [
       ...raw,
       { name: `MTU ${mtu}: crc32 (the stack's, ${crc32Name}) of the ${covered} covered bytes`, op: () => crc32(plain) },
@@ -152,7 +153,7 @@ function icrcRows(m: MeasureOptions): BenchRow[] {
     // Each round's baseline is the fastest raw call of that round; a row's ratio is the median of its
     // per-round ratios to it.
     const base = r.samples[0]!.map((_, i) => Math.min(...raw.map((_, k) => r.samples[k]![i]!)));
-    const baseName = `MTU ${mtu}: fastest raw CRC-32 of the round (${raw.map((c) => c.name.slice(c.name.lastIndexOf(', ') + 2)).join(' | ')})`;
+    const baseName = `MTU ${mtu}: fastest raw CRC-32 of the round (${calls.map((c) => c.name).join(' | ')})`;
     rows.push({ name: baseName, value: median(base), unit: 'ns/pkt' });
     cases.forEach((c, k) => rows.push({ name: c.name, value: r.nsPerOp[k]!, unit: 'ns/pkt', baseline: baseName, ratio: median(r.samples[k]!.map((x, i) => x / base[i]!)) }));
     const strictAt = cases.findIndex((c) => c.name.endsWith('checkIcrc strict IPv4'));
