@@ -105,6 +105,11 @@ export interface RequesterState {
   reqHighPsn: Psn;
   /** Packets since the last AckReq (rxe noack_pkts). */
   reqNoackPkts: number;
+  /**
+   * One past the newest posted WQE: the send queue's tail, kept beside the cursor so that a QP
+   * with nothing to send (a responder-only QP, asked at every poll) does not read its queue.
+   */
+  readonly sqEnd: number;
 }
 
 /**
@@ -123,6 +128,7 @@ export class Requester {
 
   /** The same checks `emit` makes, without side effects; drives `pollAt`. */
   blocked(s: RequesterState, ctx: EngineContext, sq: WorkQueue<SendWqe>, compPsn: Psn): RequesterBlock | undefined {
+    if (s.reqCursor >= s.sqEnd) return 'empty';
     if (s.reqCursor < sq.head) s.reqCursor = sq.head;
     const wqe = sq.at(s.reqCursor);
     if (!wqe) return 'empty';

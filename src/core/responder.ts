@@ -87,6 +87,8 @@ const RESP_ONLY = OP['RC_RDMA_READ_RESPONSE_ONLY']!;
 /** The GRH area at the start of every UD receive buffer (IBTA 11.4.1.2). */
 export const GRH_LEN = 40;
 
+/** The empty job list every responder starts with (frozen: a push onto it throws rather than leaks). */
+const NO_JOBS: ReadJob[] = Object.freeze([]) as unknown as ReadJob[];
 const RESPONSE_FIELDS = blankFields();
 const RESPONSE_PARTS: Uint8Array[] = [];
 
@@ -119,7 +121,11 @@ export class Responder {
   private resources: Resource[] = [];
   private resCap = 0;
   private resHead = 0;
-  private readonly jobs: ReadJob[] = [];
+  /**
+   * READ responses waiting to go out. `NO_JOBS`, shared, until the first READ: `hasWork`, asked on
+   * every poll, then reads a hot array rather than each QP's own, cold with thousands of QPs.
+   */
+  private jobs: ReadJob[] = NO_JOBS;
   /**
    * A coalesced ACK (IBTA 9.7.4.1.x, C9-99 area: an ACK for PSN n acknowledges every request up to
    * n, so a responder may answer several AckReq packets with one). The ACK an AckReq packet asks for
@@ -150,7 +156,7 @@ export class Responder {
     this.resources = [];
     this.resCap = Math.max(0, maxDestRdAtomic);
     this.resHead = 0;
-    this.jobs.length = 0;
+    this.jobs = NO_JOBS;
     this.ackPending = false;
   }
 
@@ -169,7 +175,7 @@ export class Responder {
     this.recv = undefined;
     this.write = undefined;
     this.opcode = -1;
-    this.jobs.length = 0;
+    this.jobs = NO_JOBS;
   }
 
   // ---------------------------------------------------------------------------------------
@@ -505,6 +511,7 @@ export class Responder {
       mr = l.mr;
       off = l.offset;
     }
+    if (this.jobs === NO_JOBS) this.jobs = [];
     this.jobs.push({ res, mr: mr ?? EMPTY_MR, psn, off, resid: len, fresh: true, fromStart: psn === res.firstPsn });
     return true;
   }
