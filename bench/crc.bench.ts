@@ -16,6 +16,8 @@ import {
   icrcImplementation,
   icrcJs,
   verifyIcrc,
+  verifyIcrc6,
+  Ipv6IcrcKey,
   writeIcrc,
   type UdpDatagramInfo,
 } from '../src/wire/icrc.js';
@@ -93,6 +95,7 @@ function icrcRows(m: MeasureOptions): BenchRow[] {
     if (checkIcrc(socket, payload, 'recover').status !== 'ok-recovered') throw new Error('bench packet does not verify');
     const parts = [payload.subarray(0, 12), payload.subarray(12, 12 + mtu)];
     const six: UdpDatagramInfo = { family: 6, srcAddr: filled(16, 6), dstAddr: filled(16, 7), srcPort: 0xc121, dstPort: 4791, ipId: 0, ipFlagsFrag: 0x4000 };
+    const key6 = new Ipv6IcrcKey(six.srcAddr, six.dstAddr);
     // The same packet with the ICRC an IPv6 sender computes: checked against `six`, it passes (with the
     // IPv4 packet's ICRC the check fails and computes the expected value too, a second pass).
     const payload6 = payload.slice();
@@ -138,7 +141,8 @@ function icrcRows(m: MeasureOptions): BenchRow[] {
       { name: `MTU ${mtu}: checkIcrc strict IPv4`, op: () => (checkIcrc(known, payload, 'strict').status === 'ok' ? 1 : 0) },
       { name: `MTU ${mtu}: checkIcrc strict IPv6`, op: () => (checkIcrc(six, payload6, 'strict').status === 'ok' ? 1 : 0) },
       // The IPv6 receive path (UdpLink.accept): no ID to recover, no record.
-      { name: `MTU ${mtu}: verifyIcrc IPv6 (receive path)`, op: () => verifyIcrc(six, payload6, 'strict') },
+      { name: `MTU ${mtu}: verifyIcrc IPv6`, op: () => verifyIcrc(six, payload6, 'strict') },
+      { name: `MTU ${mtu}: verifyIcrc6, the peer's key words (IPv6 receive path)`, op: () => verifyIcrc6(six, key6, payload6, 'strict') },
       { name: `MTU ${mtu}: checkIcrcOfIpDatagram`, op: () => (checkIcrcOfIpDatagram(ip).status === 'ok' ? 1 : 0) },
       // Where the addon is not built: the JavaScript ICRC over the fastest CRC package.
       { name: `MTU ${mtu}: JS ICRC: icrcOfUdpPayload (send)`, op: () => icrcJs.icrcOfUdpPayload(known, payload) },

@@ -622,6 +622,55 @@ export function verifyIcrc(info: UdpDatagramInfo, udpPayload: Uint8Array, mode: 
   return v;
 }
 
+/**
+ * An IPv6 flow's addresses as the ICRC's key words: what `verifyIcrc` reads out of the two address
+ * arrays at every packet (32 byte loads), read once. `UdpLink` keeps them beside the peer of its last
+ * datagram. `info` must be a valid IPv6 flow (16-byte addresses).
+ */
+export class Ipv6IcrcKey {
+  /** The source words, then the destination's, as `writeKey` lays them out. */
+  readonly words = new Int32Array(8);
+
+  constructor(src: Uint8Array, dst: Uint8Array) {
+    this.set(src, dst);
+  }
+
+  set(src: Uint8Array, dst: Uint8Array): void {
+    if (src.length !== 16 || dst.length !== 16) throw new RangeError('Ipv6IcrcKey: 16-byte addresses');
+    for (let i = 0; i < 4; i++) {
+      this.words[i] = word(src, 4 * i);
+      this.words[4 + i] = word(dst, 4 * i);
+    }
+  }
+}
+
+/**
+ * `verifyIcrc` of an IPv6 datagram whose addresses `key` holds (the flow's ports in `info`, whose
+ * addresses must be the same; the JavaScript ICRC reads them there). Never throws.
+ */
+export function verifyIcrc6(info: UdpDatagramInfo, key: Ipv6IcrcKey, udpPayload: Uint8Array, mode: IcrcMode): number {
+  const a = ADDON;
+  if (a === undefined) return jsVerifyIcrc(info, udpPayload, mode);
+  if (mode === 'off') return ICRC_UNCHECKED;
+  if (udpPayload.length < MIN_ICRC_PAYLOAD) return ICRC_BAD;
+  const k = KEY;
+  const w = key.words;
+  k[K_FAMILY] = 6;
+  k[K_PORTS] = ((info.srcPort & 0xffff) << 16) | (info.dstPort & 0xffff);
+  k[K_ID] = 0;
+  k[K_FLAGS] = 0;
+  k[K_SRC] = w[0]!;
+  k[K_SRC + 1] = w[1]!;
+  k[K_SRC + 2] = w[2]!;
+  k[K_SRC + 3] = w[3]!;
+  k[K_DST] = w[4]!;
+  k[K_DST + 1] = w[5]!;
+  k[K_DST + 2] = w[6]!;
+  k[K_DST + 3] = w[7]!;
+  k[K_MODE] = MODE_STRICT;
+  return a.verify(udpPayload);
+}
+
 function jsVerifyIcrc(info: UdpDatagramInfo, udpPayload: Uint8Array, mode: IcrcMode): number {
   const n = udpPayload.length;
   if (mode === 'off') return ICRC_UNCHECKED;

@@ -225,6 +225,18 @@ t.test('IPv6 over ::1: UDP_NO_CHECK6_RX read back, exact ICRC, zero-checksum sen
   await until(() => got.length === 2, 2000, 'the zero-checksum datagram');
   t.equal(psnOf(got[1]!.payload), 2, 'heard a zero-checksum datagram');
 
+  // The ICRC covers the source address, which the receive path keeps as key words per peer: an
+  // ICRC computed for another address is dropped, and the good datagrams around it, from two peers
+  // in turn, are heard.
+  rxeLike.send(datagram({ address: '::2', port: from.port }, b.local, 5), b.local.port, '::1');
+  rxeLike.send(datagram(from, b.local, 6), b.local.port, '::1');
+  await until(() => got.length === 3, 2000, 'the good datagram after the bad one');
+  a.send(b.local, 0xc001, sendOnly(7, new Uint8Array(32).fill(1)));
+  rxeLike.send(datagram(from, b.local, 8), b.local.port, '::1');
+  await until(() => got.length === 5, 2000, 'two peers in turn');
+  t.same(got.slice(2).map((g) => psnOf(g.payload)), [6, 7, 8]);
+  t.equal(b.drops.badIcrc, 1, 'the ICRC computed for ::2');
+
   // Control: a plain udp6 socket never hears it (the kernel drops it), only the next normal one.
   const deaf = await plainSocket('::1');
   t.teardown(() => closeSocket(deaf));

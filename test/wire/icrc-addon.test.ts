@@ -21,6 +21,8 @@ import {
   recoverIpv4Id,
   verified,
   verifyIcrc,
+  verifyIcrc6,
+  Ipv6IcrcKey,
   writeIcrc,
   type IcrcMode,
   type UdpDatagramInfo,
@@ -145,6 +147,41 @@ t.test('ICRC verdicts: addon and JavaScript agree, with the same ID and DF, on g
   }
   t.equal(differ, 0, `${n} verdicts`);
   t.ok(recovered > 300, `IDs recovered: ${recovered}`);
+});
+
+t.test('verifyIcrc6 with a flow\'s key words gives verifyIcrc\'s verdicts; a key for other addresses fails good packets', async (t) => {
+  const rnd = xorshift32(0x6c6c);
+  let differ = 0;
+  let good = 0;
+  let n = 0;
+  const other = randomInfo(rnd, 6);
+  const stale = new Ipv6IcrcKey(other.srcAddr, other.dstAddr);
+  let staleOk = 0;
+  for (let k = 0; k < 600; k++) {
+    const flow = randomInfo(rnd, 6);
+    const key = new Ipv6IcrcKey(flow.srcAddr, flow.dstAddr);
+    const len = MIN_ICRC_PAYLOAD + (rnd() % 3000);
+    const p = randomBytes(rnd, len);
+    writeIcrc(p, icrcJs.icrcOfUdpPayload(flow, p));
+    const what = rnd() % 3;
+    const at = rnd() % (len - 4);
+    if (what === 1) p[at] = p[at]! ^ (1 << (rnd() & 7)); // a covered byte
+    if (what === 2) p[4] = p[4]! ^ 0xc0; // FECN/BECN: masked, still good
+    for (const mode of ['strict', 'recover', 'off'] as IcrcMode[]) {
+      const want = icrcJs.verifyIcrc(flow, p, mode);
+      n++;
+      if (verifyIcrc6(flow, key, p, mode) !== want || verifyIcrc(flow, p, mode) !== want) differ++;
+      if (mode === 'strict' && want !== ICRC_BAD) {
+        good++;
+        if (verifyIcrc6(flow, stale, p, mode) !== ICRC_BAD) staleOk++;
+      }
+    }
+  }
+  t.equal(differ, 0, `${n} verdicts`);
+  t.ok(good > 300, `good packets: ${good}`);
+  if (icrcImplementation === 'addon') t.equal(staleOk, 0, 'the key words, not the info\'s addresses, are what the addon checks');
+  else t.equal(staleOk, good, 'without the addon the JavaScript checks the info\'s addresses');
+  t.throws(() => new Ipv6IcrcKey(new Uint8Array(4), new Uint8Array(16)), RangeError, 'IPv6 addresses only');
 });
 
 t.test('recoverIpv4Id with assumed flags other than DF or 0 answers as the JavaScript does', async (t) => {
