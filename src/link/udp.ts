@@ -922,7 +922,8 @@ export class UdpLink implements WireLink {
     info.ipId = idGuess;
     let v: number;
     if (src === this.lastPeer6 && srcAddr.length === 16) {
-      // The batched path's peer (`peerFor`): its key words are this link's to keep.
+      // The peer `peerFor` found for this datagram (the batched path): the key words built for it
+      // hold while it stays the last peer, which is one address.
       let key = this.rxKey6;
       if (key === undefined || this.rxKey6Peer !== src) {
         if (key === undefined) key = this.rxKey6 = new Ipv6IcrcKey(srcAddr, this.localAddr);

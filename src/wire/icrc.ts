@@ -623,9 +623,9 @@ export function verifyIcrc(info: UdpDatagramInfo, udpPayload: Uint8Array, mode: 
 }
 
 /**
- * An IPv6 flow's addresses as the ICRC's key words: what `verifyIcrc` reads out of the two address
- * arrays at every packet (32 byte loads), read once. `UdpLink` keeps them beside the peer of its last
- * datagram. `info` must be a valid IPv6 flow (16-byte addresses).
+ * An IPv6 flow's two addresses as the ICRC's key words: what `verifyIcrc` reads out of the address
+ * arrays at every packet (32 byte loads), read once. `UdpLink` keeps one for the peer of its last
+ * datagram. Both addresses must be 16 bytes (a RangeError otherwise).
  */
 export class Ipv6IcrcKey {
   /** The source words, then the destination's, as `writeKey` lays them out. */
