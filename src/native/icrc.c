@@ -447,13 +447,19 @@ static int family_ok(env_state *s) {
   return s->key[K_FAMILY] == 4 || s->key[K_FAMILY] == 6;
 }
 
-/* icrc(udpPayload): the ICRC of a RoCEv2 UDP payload for the flow in the key block. */
-static napi_value js_icrc(napi_env env, napi_callback_info info) {
+/* The bound state and the one byte-array argument of `icrc` and `verify`; NULL with an exception pending. */
+static env_state *bound_payload(napi_env env, napi_callback_info info, const uint8_t **p, size_t *n) {
   napi_value arg;
   env_state *s = bound_state(env, info, 1, &arg);
+  return s != NULL && bytes_of(env, arg, p, n) ? s : NULL;
+}
+
+/* icrc(udpPayload): the ICRC of a RoCEv2 UDP payload for the flow in the key block. */
+static napi_value js_icrc(napi_env env, napi_callback_info info) {
   const uint8_t *p;
   size_t n;
-  if (s == NULL || !bytes_of(env, arg, &p, &n)) return NULL;
+  env_state *s = bound_payload(env, info, &p, &n);
+  if (s == NULL) return NULL;
   if (n < MIN_PAYLOAD || !family_ok(s)) {
     napi_throw_range_error(env, NULL, "a UDP payload shorter than BTH + ICRC, or a key block of no family");
     return NULL;
@@ -481,11 +487,10 @@ static napi_value js_icrc2(napi_env env, napi_callback_info info) {
  * block's K_OUT receives ID << 1 | DF of the match.
  */
 static napi_value js_verify(napi_env env, napi_callback_info info) {
-  napi_value arg;
-  env_state *s = bound_state(env, info, 1, &arg);
   const uint8_t *p;
   size_t n;
-  if (s == NULL || !bytes_of(env, arg, &p, &n)) return NULL;
+  env_state *s = bound_payload(env, info, &p, &n);
+  if (s == NULL) return NULL;
   int32_t *k = s->key;
   int verdict = V_BAD;
   if (n >= MIN_PAYLOAD && family_ok(s)) {
