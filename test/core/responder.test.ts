@@ -7,6 +7,8 @@ import t from 'tap';
 import { aethKind, aethValue, NAK_CODE, nakSyndrome, rnrNakSyndrome } from '../../src/wire/aeth.js';
 import { ACCESS } from '../../src/core/types.js';
 import { EngineHarness, bth, pattern } from '../helpers/engine.js';
+import { blankFields, HeaderBuilder } from '../../src/core/headers.js';
+import { opcodeOf } from '../../src/wire/opcode.js';
 
 const E = 500; // the harness's expected PSN
 const syn = (p: { aeth?: { syndrome: number } }): number => p.aeth!.syndrome;
@@ -242,4 +244,38 @@ t.test('ACK coalescing: one ACK per receive batch, never ahead of a NAK or a REA
     h.qp.modify(0, { qpState: 'RESET' }); // RESET forgets the responder's state, the ACK included
     t.same(h.names(h.take()), ['ACKNOWLEDGE@500']);
   });
+});
+
+t.test('an ACK or NAK is written in place: the bytes the header builder writes for its fields', async (t) => {
+  // The responder writes a plain ACK over a template instead of through the header builder; every
+  // byte of BTH and AETH must still be the builder's, at the 24-bit edges too (PSN and MSN wrapping,
+  // a destination QPN with all bits set).
+  for (const start of [E, 0xfffffe]) {
+    const h = new EngineHarness('RC', { sqPsnB: start });
+    h.qp.destQpNum = 0xfedcba;
+    const mr = h.mr(64);
+    const write = (psn: number): void =>
+      h.send({ bth: bth('RC_RDMA_WRITE_ONLY', psn & 0xffffff, { ackReq: true }), reth: { va: mr.va(0), rkey: mr.rkey, dmaLength: 8 }, payload: pattern(8) });
+    write(start);
+    h.take();
+    write(start + 1);
+    write(start + 2); // one ACK for both, PSN start + 2 (wrapped past 0xffffff when start is 0xfffffe)
+    h.take();
+    write(start + 9); // a gap: NAK PSN sequence error, with the expected PSN
+    h.take();
+    write(start + 1); // a duplicate: ACK with ePSN − 1
+    h.take();
+    const want = [
+      { psn: start, syndrome: 0x1f, msn: 1 },
+      { psn: (start + 2) & 0xffffff, syndrome: 0x1f, msn: 3 },
+      { psn: (start + 3) & 0xffffff, syndrome: nakSyndrome(NAK_CODE.PSN_SEQUENCE_ERROR), msn: 3 },
+      { psn: (start + 2) & 0xffffff, syndrome: 0x1f, msn: 3 },
+    ];
+    t.equal(h.wire.length, want.length, `${want.length} responses`);
+    const hb = new HeaderBuilder();
+    want.forEach((w, i) => {
+      const expected = hb.build({ ...blankFields(), opcode: opcodeOf('RC_ACKNOWLEDGE'), destQp: 0xfedcba, ...w });
+      t.same([...h.wire[i]!], [...expected], `response ${i} from PSN 0x${start.toString(16)}`);
+    });
+  }
 });

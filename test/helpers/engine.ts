@@ -171,6 +171,8 @@ export class EngineHarness {
   readonly events: AsyncEvent[] = [];
   readonly qp: QueuePair;
   private sent: RocePacket[] = [];
+  /** Every packet the QP sent, as its bytes (without the ICRC), in order. */
+  readonly wire: Uint8Array[] = [];
 
   constructor(type: QpType, o: ConnectOptions & { maxDestRdAtomic?: number } = {}) {
     this.qp = new QueuePair({
@@ -188,6 +190,7 @@ export class EngineHarness {
           const r = parsePacket(b);
           if (!r.ok) throw new Error(`engine sent a malformed packet: ${r.detail}`);
           this.sent.push({ ...r.packet, payload: r.packet.payload.slice() });
+          this.wire.push(b.slice(0, len));
         },
         event: (ev) => this.events.push(ev),
       },
