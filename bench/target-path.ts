@@ -1,0 +1,202 @@
+/**
+ * The target's side of the QP scale workload without sockets: RDMA WRITE ONLY packets of 4 KiB, each
+ * asking for an ACK, fed to a device's receive handler in batches of 32 (as `UdpLink` hands over a
+ * `recvmmsg` batch and then answers it), round-robin over N connected RC QPs. The link under the
+ * device is a stub whose `send` does what the batched `UdpLink.send` does before the socket: copy the
+ * parts into one buffer and compute the ICRC over it. What is measured is then the stack's own cost
+ * per packet, which the two-process QP scale bench dilutes with the kernel's (the `recvmmsg` copy,
+ * the loopback) and the receive ICRC, the same at one QP and at 10,000.
+ *
+ *   node dist/bench/target-path.js [--qps 1,10000] [--rounds 7] [--ms 800] [TREE ...]
+ *
+ * Each round runs every QP count on every tree (a checkout built with `npx tsc`; default this one),
+ * each in a fresh process pinned to CPU 1 where `taskset` can, so the builds see the same moment of a
+ * shared machine. Prints the median ns per packet, the median per-round extra cost of N QPs over one,
+ * and with two trees the median per-round B/A ratio.
+ */
+
+import { execFileSync } from 'node:child_process';
+import { dirname, resolve } from 'node:path';
+import { fileURLToPath, pathToFileURL } from 'node:url';
+import { parseArgs } from 'node:util';
+import type * as Verbs from '../src/api/verbs.js';
+import type { Link, LinkRxHandler, PeerAddress } from '../src/link/link.js';
+import type * as Icrc from '../src/wire/icrc.js';
+import { median } from './harness.js';
+import { canPin } from './procs.js';
+
+const SIZE = 4096;
+const BATCH = 32;
+/** Receive slots the packets are written into, reused in turn like a receive ring's. */
+const SLOTS = 64;
+const OP_RC_RDMA_WRITE_ONLY = 0x0a;
+
+/** One process, one tree, one QP count: ns per packet over `ms`, after a warm-up. */
+async function child(tree: string, n: number, ms: number): Promise<void> {
+  const dist = pathToFileURL(resolve(tree, 'dist/src')).href;
+  const v = (await import(`${dist}/api/verbs.js`)) as typeof Verbs;
+  const { icrcOfUdpPayload } = (await import(`${dist}/wire/icrc.js`)) as typeof Icrc;
+  const self: PeerAddress = { address: '10.0.0.2', port: 4791 };
+  const peer: PeerAddress = { address: '10.0.0.1', port: 4791 };
+  const info = { family: 4 as const, srcAddr: new Uint8Array([10, 0, 0, 2]), dstAddr: new Uint8Array([10, 0, 0, 1]), srcPort: 4791, dstPort: 4791, ipId: 0, ipFlagsFrag: 0x4000 };
+  // One buffer per datagram length, as the send ring keeps one view per place.
+  const scratch: (Uint8Array | undefined)[] = [];
+  let handler: LinkRxHandler | undefined;
+  let batchEnd: ((last: boolean) => void) | undefined;
+  let sent = 0;
+  const link: Link = {
+    caps: { family: 4, icrcGenerate: true, icrcVerify: 'recover', maxDatagram: 9000 },
+    local: self,
+    drops: { badIcrc: 0, tooShort: 0, notRoce: 0, injectedLoss: 0, sendError: 0, closed: 0 },
+    send(_dst, _srcPort, parts) {
+      let len = 4;
+      for (let i = 0; i < parts.length; i++) len += parts[i]!.length;
+      const d = (scratch[len] ??= new Uint8Array(len));
+      let o = 0;
+      for (let i = 0; i < parts.length; i++) {
+        d.set(parts[i]!, o);
+        o += parts[i]!.length;
+      }
+      const c = icrcOfUdpPayload(info, d);
+      d[o] = c;
+      d[o + 1] = c >>> 8;
+      d[o + 2] = c >>> 16;
+      d[o + 3] = c >>> 24;
+      sent++;
+    },
+    onReceive(h) {
+      handler = h;
+    },
+    onReceiveBatchEnd(fn) {
+      batchEnd = fn;
+    },
+    close: async () => undefined,
+  };
+  const ctx = await v.openDevice({ address: self.address, link, mtu: 4096 });
+  const pd = v.allocPd(ctx);
+  const cq = v.createCq(ctx, { cqe: 256 });
+  const mr = v.regMr(pd, new Uint8Array(SIZE), 0x7);
+  const qpns = new Int32Array(n);
+  const cap = { maxSendWr: 16, maxRecvWr: 16, maxSendSge: 1, maxRecvSge: 1, maxInlineData: 0 };
+  for (let i = 0; i < n; i++) {
+    const qp = v.createQp(pd, { type: 'RC', sendCq: cq, recvCq: cq, sqSigAll: true, cap });
+    v.modifyQp(qp, { qpState: 'INIT', pkeyIndex: 0, portNum: 1, qpAccessFlags: 0x7 });
+    v.modifyQp(qp, { qpState: 'RTR', ahAttr: peer, pathMtu: 4096, destQpNum: 0x100 + i, rqPsn: 0, maxDestRdAtomic: 16, minRnrTimer: 1 });
+    v.modifyQp(qp, { qpState: 'RTS', sqPsn: 0, timeout: 14, retryCnt: 7, rnrRetry: 7, maxRdAtomic: 16 });
+    qpns[i] = qp.qpNum;
+  }
+  if (handler === undefined || batchEnd === undefined) throw new Error('the device did not register its receive handlers');
+  const rx = handler;
+  const answer = batchEnd;
+  const slots: Uint8Array[] = [];
+  for (let s = 0; s < SLOTS; s++) {
+    const b = new Uint8Array(12 + 16 + SIZE + 4);
+    const dv = new DataView(b.buffer);
+    b[0] = OP_RC_RDMA_WRITE_ONLY;
+    dv.setUint16(2, 0xffff);
+    b[8] = 0x80; // AckReq
+    dv.setBigUint64(12, mr.va(0));
+    dv.setUint32(20, mr.rkey);
+    dv.setUint32(24, SIZE);
+    slots.push(b);
+  }
+  const psn = new Int32Array(n);
+  let next = 0;
+  let slot = 0;
+  const batch = (): void => {
+    const at = ctx.device.now();
+    for (let k = 0; k < BATCH; k++) {
+      const b = slots[slot]!;
+      slot = (slot + 1) % SLOTS;
+      const q = qpns[next]!;
+      const p = psn[next]!;
+      psn[next] = (p + 1) & 0xffffff;
+      next = next + 1 === n ? 0 : next + 1;
+      b[5] = q >>> 16;
+      b[6] = q >>> 8;
+      b[7] = q;
+      b[9] = p >>> 16;
+      b[10] = p >>> 8;
+      b[11] = p;
+      rx(b, { src: peer, icrc: 'ok', ce: false, at });
+    }
+    answer(false);
+  };
+  const runFor = (window: number): number => {
+    let packets = 0;
+    const end = performance.now() + window;
+    while (performance.now() < end) {
+      for (let j = 0; j < 16; j++) batch();
+      packets += 16 * BATCH;
+    }
+    return packets;
+  };
+  runFor(Math.min(400, ms));
+  const sent0 = sent;
+  const c0 = ctx.device.snapshot();
+  const t0 = performance.now();
+  const packets = runFor(ms);
+  const t1 = performance.now();
+  const c1 = ctx.device.snapshot();
+  // Every packet must have been accepted and answered: one ACK per batch with one QP, one per packet with many.
+  const executed = c1.rcvdPkts - c0.rcvdPkts;
+  const acks = sent - sent0;
+  if (executed !== packets || acks < packets / BATCH || (n >= BATCH && acks !== packets)) {
+    throw new Error(`target-path: ${packets} packets fed, ${executed} accepted, ${acks} ACKs`);
+  }
+  process.stdout.write(`${JSON.stringify({ nsPerPacket: ((t1 - t0) * 1e6) / packets, packets })}\n`);
+}
+
+function parent(trees: string[], counts: number[], rounds: number, ms: number): void {
+  const me = fileURLToPath(import.meta.url);
+  const pin = canPin(1);
+  const got = new Map<string, number[]>();
+  for (let r = 0; r < rounds; r++) {
+    for (const tree of trees) {
+      for (const n of counts) {
+        const args = [me, '--child', tree, '--qps', String(n), '--ms', String(ms)];
+        const out = pin ? execFileSync('taskset', ['-c', '1', process.execPath, ...args]) : execFileSync(process.execPath, args);
+        const { nsPerPacket } = JSON.parse(out.toString().trim().split('\n').pop()!) as { nsPerPacket: number };
+        const key = `${tree}\t${n}`;
+        if (!got.has(key)) got.set(key, []);
+        got.get(key)!.push(nsPerPacket);
+      }
+    }
+  }
+  const at = (tree: string, n: number): number[] => got.get(`${tree}\t${n}`)!;
+  console.log(`${rounds} rounds of ${ms} ms${pin ? ', pinned to CPU 1' : ''}; WRITE ONLY ${SIZE} B with AckReq, batches of ${BATCH}; ns per packet`);
+  for (const tree of trees) {
+    const one = counts.includes(1) ? at(tree, 1) : undefined;
+    for (const n of counts) {
+      const xs = at(tree, n);
+      let line = `${tree} ${n.toLocaleString('en-US')} QP${n === 1 ? '' : 's'}: median ${median(xs).toFixed(0)} (rounds ${xs.map((x) => x.toFixed(0)).join(' ')})`;
+      if (one !== undefined && n !== 1) {
+        line += `; over 1 QP, paired: +${median(xs.map((x, i) => x - one[i]!)).toFixed(0)} ns, ratio ${median(xs.map((x, i) => one[i]! / x)).toFixed(3)}`;
+      }
+      console.log(line);
+    }
+  }
+  if (trees.length === 2) {
+    for (const n of counts) {
+      const a = at(trees[0]!, n);
+      const b = at(trees[1]!, n);
+      console.log(`${n.toLocaleString('en-US')} QP${n === 1 ? '' : 's'}: B/A paired ${median(b.map((x, i) => x / a[i]!)).toFixed(3)}`);
+    }
+  }
+}
+
+const { values, positionals } = parseArgs({
+  allowPositionals: true,
+  options: {
+    child: { type: 'string' },
+    qps: { type: 'string', default: '1,10000' },
+    rounds: { type: 'string', default: '7' },
+    ms: { type: 'string', default: '800' },
+  },
+});
+if (values.child !== undefined) {
+  await child(values.child, Number(values.qps), Number(values.ms));
+} else {
+  const trees = positionals.length > 0 ? positionals.map((t) => resolve(t)) : [resolve(dirname(fileURLToPath(import.meta.url)), '../..')];
+  parent(trees, values.qps.split(',').map(Number), Number(values.rounds), Number(values.ms));
+}
