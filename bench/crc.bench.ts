@@ -18,6 +18,7 @@ import {
   verifyIcrc,
   verifyIcrc6,
   Ipv6IcrcKey,
+  IcrcFlowKey,
   writeIcrc,
   type UdpDatagramInfo,
 } from '../src/wire/icrc.js';
@@ -96,6 +97,8 @@ function icrcRows(m: MeasureOptions): BenchRow[] {
     const parts = [payload.subarray(0, 12), payload.subarray(12, 12 + mtu)];
     const six: UdpDatagramInfo = { family: 6, srcAddr: filled(16, 6), dstAddr: filled(16, 7), srcPort: 0xc121, dstPort: 4791, ipId: 0, ipFlagsFrag: 0x4000 };
     const key6 = new Ipv6IcrcKey(six.srcAddr, six.dstAddr);
+    const flowKey = new IcrcFlowKey(known);
+    if (flowKey.icrc(0x24b0, payload) !== icrcOfUdpPayload(known, payload)) throw new Error('IcrcFlowKey disagrees with icrcOfUdpPayload');
     // The same packet with the ICRC an IPv6 sender computes: checked against `six`, it passes (with the
     // IPv4 packet's ICRC the check fails and computes the expected value too, a second pass).
     const payload6 = payload.slice();
@@ -105,9 +108,11 @@ function icrcRows(m: MeasureOptions): BenchRow[] {
     const covered = 8 + 20 + 8 + udpLen - 4;
     const plain = filled(covered, 9);
     // The batched send path (UdpLink.send): the datagram is in the send ring, and one CRC call runs over
-    // the view the ring keeps for its place (TxRing.view); a task lays out 16 datagrams and the ring is
-    // released, as a flush does. The ring's memory is a plain ArrayBuffer here (only `alloc` of the FFI
-    // is used). A fresh view per packet instead of the kept one: the row after it.
+    // the view the ring keeps for its place (TxRing.view), with the key words the link keeps for the flow
+    // of its last send (IcrcFlowKey); a task lays out 16 datagrams and the ring is released, as a flush
+    // does. The ring's memory is a plain ArrayBuffer here (only `alloc` of the FFI is used). The same
+    // through `icrcOfUdpPayload`, which reads the flow out of `info` at every call, and a fresh view per
+    // packet instead of the kept one: the rows around it.
     const txRing = new TxRing({ alloc: (n: number) => ({ address: 0n, view: new ArrayBuffer(n) }) } as unknown as BatchIoFfi, 1 << 17, () => undefined);
     for (let k = 0; k < 16; k++) txRing.bytes.set(payload.subarray(0, udpLen - 4), k * udpLen);
     let inTask = 0;
@@ -121,9 +126,9 @@ function icrcRows(m: MeasureOptions): BenchRow[] {
     const cases: { name: string; op: () => number }[] = [
       ...raw,
       { name: `MTU ${mtu}: crc32 (the stack's, ${crc32Name}) of the ${covered} covered bytes`, op: () => crc32(plain) },
-      { name: `MTU ${mtu}: icrcOfUdpPayload (send)`, op: () => icrcOfUdpPayload(known, payload) },
+      { name: `MTU ${mtu}: icrcOfUdpPayload (one buffer)`, op: () => icrcOfUdpPayload(known, payload) },
       {
-        name: `MTU ${mtu}: icrcOfUdpPayload of the send ring's kept view (send path)`,
+        name: `MTU ${mtu}: icrcOfUdpPayload of the send ring's kept view (the batched send path before IcrcFlowKey)`,
         op: () => {
           const c = icrcOfUdpPayload(known, txRing.view(txRing.take(udpLen), udpLen));
           if (++inTask === 16) {
@@ -133,6 +138,18 @@ function icrcRows(m: MeasureOptions): BenchRow[] {
           return c;
         },
       },
+      {
+        name: `MTU ${mtu}: IcrcFlowKey.icrc of the send ring's kept view (batched send path)`,
+        op: () => {
+          const c = flowKey.icrc(0x24b0, txRing.view(txRing.take(udpLen), udpLen));
+          if (++inTask === 16) {
+            txRing.flushAll();
+            inTask = 0;
+          }
+          return c;
+        },
+      },
+      { name: `MTU ${mtu}: IcrcFlowKey.icrc (one buffer, dgram send path)`, op: () => flowKey.icrc(0x24b0, payload) },
       { name: `MTU ${mtu}: icrcOfUdpPayload of a fresh view of the ring`, op: () => icrcOfUdpPayload(known, new Uint8Array(txRing.bytes.buffer, udpLen, udpLen)) },
       { name: `MTU ${mtu}: icrcOfParts [bth, payload] (dgram scatter path)`, op: () => icrcOfParts(known, parts, udpLen) },
       // The receive path (UdpLink.accept): `verifyIcrc`, recover mode, the ID recovered.

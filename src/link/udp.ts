@@ -60,7 +60,7 @@ import dgram, { type RemoteInfo, type Socket } from 'node:dgram';
 import { once } from 'node:events';
 import { randomBytes } from 'node:crypto';
 import {
-  checkIcrcOfIpDatagram, ICRC_BAD, ICRC_LEN, ICRC_UNCHECKED, icrcOfParts, icrcOfUdpPayload, Ipv6IcrcKey, MIN_ICRC_PAYLOAD, verified, verifyIcrc,
+  checkIcrcOfIpDatagram, ICRC_BAD, ICRC_LEN, ICRC_UNCHECKED, icrcOfParts, icrcOfUdpPayload, IcrcFlowKey, Ipv6IcrcKey, MIN_ICRC_PAYLOAD, verified, verifyIcrc,
   verifyIcrc6, writeIcrc,
   type IcrcMode, type IcrcStatus, type UdpDatagramInfo,
 } from '../wire/icrc.js';
@@ -303,6 +303,10 @@ export class UdpLink implements WireLink {
    */
   private rxKey6: Ipv6IcrcKey | undefined;
   private rxKey6Peer: PeerAddress | undefined;
+  /** The key words of the last send's flow (`icrcKey`): its destination address array and ports. */
+  private txKey: IcrcFlowKey | undefined;
+  private txKeyAddr: Uint8Array | undefined;
+  private txKeyPorts = -1;
   /** While a recvmmsg batch is delivered: when it was read. */
   private rxAt: number | undefined;
   private handler: LinkRxHandler | undefined;
@@ -517,10 +521,7 @@ export class UdpLink implements WireLink {
         // Segment k of a GSO train leaves with IPv4 ID k (mmsg.ts); alone, k is 0. One CRC call over
         // the datagram as the ring now holds it, through a view the ring keeps for that place: the
         // header's table pass of a CRC over the parts cost more (bench/README.md, ICRC).
-        const info = this.icrcInfo(dstAddr, dst.port, port);
-        info.ipId = q.index;
-        const c = icrcOfUdpPayload(info, this.txRing!.view(at, len));
-        info.ipId = 0;
+        const c = this.icrcKey(dstAddr, dst.port, port).icrc(q.index, this.txRing!.view(at, len));
         ring[o] = c;
         ring[o + 1] = c >>> 8;
         ring[o + 2] = c >>> 16;
@@ -540,7 +541,7 @@ export class UdpLink implements WireLink {
         o += p.length;
       }
       // Over the slice, which holds the field's place already: one call, however many parts.
-      if (gen) writeIcrc(d, icrcOfUdpPayload(this.icrcInfo(dstAddr, dst.port, port), d));
+      if (gen) writeIcrc(d, this.icrcKey(dstAddr, dst.port, port).icrc(0, d));
       this.transmit(socket, dst, d);
       return;
     }
@@ -705,6 +706,23 @@ export class UdpLink implements WireLink {
   private endRun(at: number, n: number): void {
     this.iov.push(this.slab.subarray(at, at + n));
     this.slabAt = at + n;
+  }
+
+  /**
+   * The send flow's ICRC key words, kept for the flow of the last send: many QPs send to one peer from
+   * one port. `dstAddr` is compared by identity: it is always an array of the address caches, which
+   * are never written after they are made (a new one, after a cache is cleared, only rebuilds the key).
+   */
+  private icrcKey(dstAddr: Uint8Array, dstPort: number, srcPort: number): IcrcFlowKey {
+    const ports = ((srcPort & 0xffff) << 16) | (dstPort & 0xffff);
+    let k = this.txKey;
+    if (k !== undefined && this.txKeyAddr === dstAddr && this.txKeyPorts === ports) return k;
+    const info = this.icrcInfo(dstAddr, dstPort, srcPort);
+    if (k === undefined) k = this.txKey = new IcrcFlowKey(info);
+    else k.set(info);
+    this.txKeyAddr = dstAddr;
+    this.txKeyPorts = ports;
+    return k;
   }
 
   private icrcInfo(dstAddr: Uint8Array, dstPort: number, srcPort: number): UdpDatagramInfo {

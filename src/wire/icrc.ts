@@ -623,6 +623,71 @@ export function verifyIcrc(info: UdpDatagramInfo, udpPayload: Uint8Array, mode: 
 }
 
 /**
+ * A flow's key words for the addon (family, ports and addresses), built once for a path that computes
+ * many ICRCs for one flow: `UdpLink`'s send path, one per datagram to the same peer. `icrcOfUdpPayload`
+ * checks `info` and reads its addresses out of their arrays at every call; `icrcOfFlow` copies words.
+ * `set` takes the flow as `icrcOfUdpPayload` does (a RangeError for an invalid one); the IPv4 ID and
+ * flags are given per call.
+ */
+export class IcrcFlowKey {
+  /** Family, ports, then the source and destination address words, as `writeKey` lays them out. */
+  readonly words = new Int32Array(10);
+  /** The flow as given, for the JavaScript ICRC where the addon is not built. */
+  private readonly info: UdpDatagramInfo;
+
+  constructor(info: UdpDatagramInfo) {
+    this.info = { family: 4, srcAddr: new Uint8Array(4), dstAddr: new Uint8Array(4), srcPort: 0, dstPort: 0, ipId: 0, ipFlagsFrag: IPV4_DF };
+    this.set(info);
+  }
+
+  set(info: UdpDatagramInfo): void {
+    if (!infoIsValid(info)) throw new RangeError('UdpDatagramInfo: family must be 4 or 6 with 4- or 16-byte addresses');
+    const w = this.words;
+    const n = info.family === 4 ? 1 : 4;
+    w[0] = info.family;
+    w[1] = ((info.srcPort & 0xffff) << 16) | (info.dstPort & 0xffff);
+    w.fill(0, 2);
+    for (let i = 0; i < n; i++) {
+      w[2 + i] = word(info.srcAddr, 4 * i);
+      w[6 + i] = word(info.dstAddr, 4 * i);
+    }
+    const f = this.info;
+    f.family = info.family;
+    f.srcAddr = info.srcAddr.slice();
+    f.dstAddr = info.dstAddr.slice();
+    f.srcPort = info.srcPort & 0xffff;
+    f.dstPort = info.dstPort & 0xffff;
+  }
+
+  /** `icrcOfUdpPayload` of the flow, with IPv4 ID `ipId` and DF (what the stack's sockets send). */
+  icrc(ipId: number, udpPayload: Uint8Array): number {
+    const a = ADDON;
+    if (a === undefined) {
+      this.info.ipId = ipId & 0xffff;
+      return jsIcrcOfUdpPayload(this.info, udpPayload);
+    }
+    if (udpPayload.length < MIN_ICRC_PAYLOAD) throw new RangeError(`UDP payload of ${udpPayload.length} bytes is shorter than BTH + ICRC`);
+    const k = KEY;
+    const w = this.words;
+    k[K_FAMILY] = w[0]!;
+    k[K_PORTS] = w[1]!;
+    k[K_ID] = ipId & 0xffff;
+    k[K_FLAGS] = IPV4_DF;
+    k[K_SRC] = w[2]!;
+    k[K_DST] = w[6]!;
+    if (w[0] === 6) {
+      k[K_SRC + 1] = w[3]!;
+      k[K_SRC + 2] = w[4]!;
+      k[K_SRC + 3] = w[5]!;
+      k[K_DST + 1] = w[7]!;
+      k[K_DST + 2] = w[8]!;
+      k[K_DST + 3] = w[9]!;
+    }
+    return a.icrc(udpPayload) >>> 0;
+  }
+}
+
+/**
  * An IPv6 flow's two addresses as the ICRC's key words: what `verifyIcrc` reads out of the address
  * arrays at every packet (32 byte loads), read once. `UdpLink` keeps one for the peer of its last
  * datagram. Both addresses must be 16 bytes (a RangeError otherwise).

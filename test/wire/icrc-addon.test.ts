@@ -23,6 +23,7 @@ import {
   verifyIcrc,
   verifyIcrc6,
   Ipv6IcrcKey,
+  IcrcFlowKey,
   writeIcrc,
   type IcrcMode,
   type UdpDatagramInfo,
@@ -182,6 +183,33 @@ t.test('verifyIcrc6 with a flow\'s key words gives verifyIcrc\'s verdicts; a key
   if (icrcImplementation === 'addon') t.equal(staleOk, 0, 'the key words, not the info\'s addresses, are what the addon checks');
   else t.equal(staleOk, good, 'without the addon the JavaScript checks the info\'s addresses');
   t.throws(() => new Ipv6IcrcKey(new Uint8Array(4), new Uint8Array(16)), RangeError, 'IPv6 addresses only');
+});
+
+t.test('IcrcFlowKey computes icrcOfUdpPayload\'s ICRC from its key words, not from the info it was built from', async (t) => {
+  const rnd = xorshift32(0xf10e);
+  let differ = 0;
+  let n = 0;
+  const key = new IcrcFlowKey(randomInfo(rnd, 4));
+  for (let k = 0; k < 800; k++) {
+    const family = (k & 1) === 0 ? 4 : 6;
+    const flow = randomInfo(rnd, family);
+    // One key reused across flows and families, as a link keeps one for its last send; the info's
+    // arrays are overwritten after `set`, which must not reach the key.
+    key.set(flow);
+    const want: number[] = [];
+    const ids = [0, rnd() & 0xffff, 0xffff];
+    const p = randomBytes(rnd, MIN_ICRC_PAYLOAD + (rnd() % 3000));
+    for (const id of ids) want.push(icrcJs.icrcOfUdpPayload({ ...flow, ipId: family === 4 ? id : 0, ipFlagsFrag: 0x4000 }, p));
+    flow.srcAddr.fill(0xaa);
+    flow.dstPort ^= 1;
+    ids.forEach((id, i) => {
+      n++;
+      if (key.icrc(id, p) !== want[i]) differ++;
+    });
+  }
+  t.equal(differ, 0, `${n} ICRCs, both families`);
+  t.throws(() => key.set({ family: 6, srcAddr: new Uint8Array(4), dstAddr: new Uint8Array(16), srcPort: 1, dstPort: 2 }), RangeError, 'an invalid flow');
+  t.throws(() => key.icrc(0, new Uint8Array(MIN_ICRC_PAYLOAD - 1)), RangeError, 'a payload shorter than BTH + ICRC');
 });
 
 t.test('recoverIpv4Id with assumed flags other than DF or 0 answers as the JavaScript does', async (t) => {
