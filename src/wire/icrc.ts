@@ -625,7 +625,7 @@ export function verifyIcrc(info: UdpDatagramInfo, udpPayload: Uint8Array, mode: 
 /**
  * A flow's key words for the addon (family, ports and addresses), built once for a path that computes
  * many ICRCs for one flow: `UdpLink`'s send path, one per datagram to the same peer. `icrcOfUdpPayload`
- * checks `info` and reads its addresses out of their arrays at every call; `icrcOfFlow` copies words.
+ * checks `info` and reads its addresses out of their arrays at every call; `icrc` copies words.
  * `set` takes the flow as `icrcOfUdpPayload` does (a RangeError for an invalid one); the IPv4 ID and
  * flags are given per call.
  */
