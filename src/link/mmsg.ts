@@ -72,8 +72,6 @@ const MAX_TRAIN_BYTES = 65507 - 128;
 export const RX_SLOT = 9216;
 /** Receive slot with UDP GRO: the largest UDP payload, which is what a coalesced train can be. */
 export const RX_SLOT_GRO = 65536;
-/** Send ring views kept for reuse (`TxRing.view`): the datagrams of a busy task, not every ACK of a full ring. */
-const MAX_CACHED_VIEWS = 1024;
 /** The most segments the kernel puts in one UDP GRO train (UDP_GRO_CNT_MAX). */
 const MAX_CACHED_SEGMENTS = 64;
 
@@ -124,6 +122,13 @@ export interface TxDest {
 export type TxSpill = (dst: TxDest, datagram: Uint8Array, trainIndex: number) => void;
 
 /**
+ * Writes the ICRCs of a queue's messages `from … to - 1`, all to `dst`, into the ring before they
+ * leave: `desc` is the queue's (`TxQueue.desc`), three runs of `BATCH` words (offset in the ring,
+ * length, segment length), and segment k of a message leaves with IPv4 ID k (`IcrcFlowKey.trains`).
+ */
+export type TxSeal = (dst: TxDest, desc: Int32Array, from: number, to: number) => void;
+
+/**
  * The send queue of one socket: up to `BATCH` messages, each one datagram or a GSO train of
  * datagrams of one size (the last may be shorter), their bytes in the shared `TxRing`.
  */
@@ -135,9 +140,14 @@ export class TxQueue {
   private readonly base: number;
   /** JavaScript-side record of each message, for the spill path. */
   private readonly dsts: (TxDest | undefined)[] = new Array<TxDest | undefined>(BATCH).fill(undefined);
-  private readonly at = new Int32Array(BATCH);
-  private readonly bytes = new Int32Array(BATCH);
-  private readonly segLen = new Int32Array(BATCH);
+  /**
+   * Each message's offset in the ring, length and segment length, as three runs of `BATCH` words in one
+   * array: the form `seal` takes (`TxSeal`), so that one native call covers a flush's messages.
+   */
+  readonly desc = new Int32Array(3 * BATCH);
+  private readonly at = this.desc.subarray(0, BATCH);
+  private readonly bytes = this.desc.subarray(BATCH, 2 * BATCH);
+  private readonly segLen = this.desc.subarray(2 * BATCH);
   private readonly segs = new Int32Array(BATCH);
   private n = 0;
   /** The last message can take another segment (same destination, contiguous, full-size so far). */
@@ -153,6 +163,8 @@ export class TxQueue {
     private readonly ring: TxRing,
     private readonly gso: boolean,
     private readonly spill: TxSpill,
+    /** The ICRCs, written at the flush for all the messages queued (undefined: the datagrams carry theirs). */
+    private readonly seal?: TxSeal,
   ) {
     this.mem = ffi.alloc(BATCH * (MMSG + IOV + CMSG + SOCKADDR));
     this.vec = new Uint8Array(this.mem.view);
@@ -250,6 +262,18 @@ export class TxQueue {
     if (n === 0) return;
     this.n = 0;
     this.open = false;
+    const seal = this.seal;
+    if (seal !== undefined) {
+      // One call per run of messages to one destination: one for a flush to a single peer.
+      const dsts = this.dsts;
+      for (let i = 0; i < n; ) {
+        const d = dsts[i]!;
+        let j = i + 1;
+        while (j < n && dsts[j] === d) j++;
+        seal(d, this.desc, i, j);
+        i = j;
+      }
+    }
     const dv = this.dv;
     const base = this.ring.base;
     for (let i = 0; i < n; i++) {
@@ -310,11 +334,6 @@ export class TxRing {
   readonly base: number;
   private readonly mem: { address: bigint; view: ArrayBuffer };
   private next = 0;
-  /** Datagrams taken since the last `flushAll`, and the views `view` made of them, by that number. */
-  private count = 0;
-  private readonly views: (Uint8Array | undefined)[] = new Array<Uint8Array | undefined>(MAX_CACHED_VIEWS).fill(undefined);
-  private readonly viewAt = new Int32Array(MAX_CACHED_VIEWS);
-  private readonly viewLen = new Int32Array(MAX_CACHED_VIEWS);
   /**
    * The queues with messages, each once (`TxQueue.listed`), in the order they got their first. An array
    * and a flag rather than a Set: iterating and clearing a Set cost ~120 ns per flush even when empty
@@ -343,28 +362,7 @@ export class TxRing {
   take(len: number): number {
     const at = this.next;
     this.next += len;
-    this.count++;
     return at;
-  }
-
-  /**
-   * The bytes of the datagram just taken at `at` (`len` of them), as a view: for one CRC call over
-   * it. Every task lays its datagrams out from offset 0 again, and a stream of one size falls on the
-   * same places task after task, so the view made for the k-th datagram is kept and reused while its
-   * place and length match: making a view per datagram cost more than the header's own CRC pass.
-   */
-  view(at: number, len: number): Uint8Array {
-    const k = this.count - 1;
-    if (k >= MAX_CACHED_VIEWS) return new Uint8Array(this.mem.view, at, len);
-    // The place and length are compared as kept numbers: a typed array's byteOffset and length are
-    // getters with checks of their own, half of what this took (15 → 8 ns with the `take`).
-    const v = this.views[k];
-    if (v !== undefined && this.viewAt[k] === at && this.viewLen[k] === len) return v;
-    const fresh = new Uint8Array(this.mem.view, at, len);
-    this.views[k] = fresh;
-    this.viewAt[k] = at;
-    this.viewLen[k] = len;
-    return fresh;
   }
 
   tryTake(len: number): number {
@@ -397,7 +395,6 @@ export class TxRing {
     }
     while (qs.length > 0) qs.pop();
     this.next = 0;
-    this.count = 0;
   }
 
   /** After close: nothing more is sent (a flush already scheduled does nothing). */

@@ -519,6 +519,65 @@ static napi_value js_verify(napi_env env, napi_callback_info info) {
   return out;
 }
 
+/*
+ * trains(ring, desc, from, to): the ICRC of every datagram of a send queue's messages from … to - 1,
+ * written into each datagram's last four bytes, for the key block's flow. A batch of datagrams costs
+ * one call rather than one each: the call (about 40 ns) was a third of an ICRC at path MTU 1024. desc
+ * holds three runs of B words (B = its length / 3): each message's offset in ring, its length, and its
+ * segment length. A message is a GSO train of segments of that length, the last one shorter or not,
+ * and segment k leaves with IPv4 ID k (src/link/mmsg.ts); a message of one datagram is segment 0.
+ * Every message is checked before any byte is written. Returns the number of datagrams.
+ */
+static napi_value js_trains(napi_env env, napi_callback_info info) {
+  napi_value argv[4];
+  env_state *s = bound_state(env, info, 4, argv);
+  if (s == NULL) return NULL;
+  napi_typedarray_type rt, dt;
+  size_t rn, dn;
+  void *rp, *dp;
+  int32_t from, to;
+  if (napi_get_typedarray_info(env, argv[0], &rt, &rn, &rp, NULL, NULL) != napi_ok || rt != napi_uint8_array ||
+      napi_get_typedarray_info(env, argv[1], &dt, &dn, &dp, NULL, NULL) != napi_ok || dt != napi_int32_array ||
+      napi_get_value_int32(env, argv[2], &from) != napi_ok || napi_get_value_int32(env, argv[3], &to) != napi_ok) {
+    napi_throw_type_error(env, NULL, "expected (Uint8Array, Int32Array, from, to)");
+    return NULL;
+  }
+  uint8_t *ring = rp;
+  const int32_t *d = dp;
+  size_t b = dn / 3;
+  int bad = !family_ok(s) || from < 0 || to < from || (size_t)to > b;
+  for (int32_t i = from; i < to && !bad; i++) {
+    int64_t at = d[i], bytes = d[b + i], seg = d[2 * b + i];
+    /* In the ring, segments of at least BTH + ICRC, the last one too, and at most 2^16 IDs. */
+    bad = at < 0 || bytes < MIN_PAYLOAD || seg < MIN_PAYLOAD || at + bytes > (int64_t)rn ||
+          (bytes - 1) / seg >= 65536 || bytes - (bytes - 1) / seg * seg < MIN_PAYLOAD;
+  }
+  if (bad) {
+    napi_throw_range_error(env, NULL, "a message outside the ring, a segment shorter than BTH + ICRC, or a key block of no family");
+    return NULL;
+  }
+  int32_t *k = s->key;
+  int32_t id0 = k[K_ID];
+  uint32_t count = 0;
+  for (int32_t i = from; i < to; i++) {
+    size_t at = (size_t)d[i], bytes = (size_t)d[b + i], seg = (size_t)d[2 * b + i];
+    int32_t id = 0;
+    for (size_t o = 0; o < bytes; o += seg, id++) {
+      size_t n = bytes - o < seg ? bytes - o : seg;
+      uint8_t *p = ring + at + o;
+      k[K_ID] = id;
+      uint32_t c = icrc_of(s, p, n);
+      p[n - 4] = (uint8_t)c;
+      p[n - 3] = (uint8_t)(c >> 8);
+      p[n - 2] = (uint8_t)(c >> 16);
+      p[n - 1] = (uint8_t)(c >> 24);
+      count++;
+    }
+  }
+  k[K_ID] = id0;
+  return int32_value(env, count);
+}
+
 /* bind(block): the Int32Array of K_WORDS words the key is written into before each icrc/verify. */
 static napi_value js_bind(napi_env env, napi_callback_info info) {
   size_t argc = 1;
@@ -560,7 +619,7 @@ NAPI_MODULE_INIT() {
   const struct {
     const char *name;
     napi_callback fn;
-  } fns[] = {{"crc32", js_crc32}, {"icrc", js_icrc}, {"icrc2", js_icrc2}, {"verify", js_verify}, {"bind", js_bind}};
+  } fns[] = {{"crc32", js_crc32}, {"icrc", js_icrc}, {"icrc2", js_icrc2}, {"verify", js_verify}, {"trains", js_trains}, {"bind", js_bind}};
   for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++) {
     napi_value f;
     napi_create_function(env, fns[i].name, NAPI_AUTO_LENGTH, fns[i].fn, s, &f);

@@ -21,6 +21,13 @@ export interface IcrcAddon {
   icrc(udpPayload: Uint8Array): number;
   /** The ICRC of a UDP payload given as `head ‖ tail` without its ICRC field, for the bound flow. */
   icrc2(head: Uint8Array, tail: Uint8Array): number;
+  /**
+   * The ICRCs of a send queue's messages `from … to - 1`, written in place, for the bound flow: `desc`
+   * holds three runs of `desc.length / 3` words (offset in `ring`, length, segment length), and segment
+   * k of a message takes IPv4 ID k. Returns the number of datagrams; a RangeError for a message outside
+   * `ring` or a segment shorter than BTH + ICRC, before anything is written.
+   */
+  trains(ring: Uint8Array, desc: Int32Array, from: number, to: number): number;
   /** 1: the ICRC matches; 2: it matches for another IPv4 ID (recover mode); 0: it does not. */
   verify(udpPayload: Uint8Array): number;
   /** The Int32Array (16 words) the key is written into before each `icrc`, `icrc2` or `verify`. */
@@ -45,7 +52,7 @@ function load(): IcrcAddon | undefined {
   }
   try {
     const m = createRequire(import.meta.url)(path) as IcrcAddon;
-    for (const f of ['crc32', 'icrc', 'icrc2', 'verify', 'bind'] as const) {
+    for (const f of ['crc32', 'icrc', 'icrc2', 'verify', 'trains', 'bind'] as const) {
       if (typeof m[f] !== 'function') throw new Error(`no ${f}()`);
     }
     return m;

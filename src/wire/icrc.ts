@@ -667,11 +667,57 @@ export class IcrcFlowKey {
       return jsIcrcOfUdpPayload(this.info, udpPayload);
     }
     if (udpPayload.length < MIN_ICRC_PAYLOAD) throw new RangeError(`UDP payload of ${udpPayload.length} bytes is shorter than BTH + ICRC`);
+    this.writeKey();
+    KEY[K_ID] = ipId & 0xffff;
+    return a.icrc(udpPayload) >>> 0;
+  }
+
+  /**
+   * Writes the ICRC of every datagram of messages `from … to - 1` of a send queue into the datagram's
+   * last four bytes, all of this flow, with DF: one native call for them all (`icrc` is one per
+   * datagram, and at path MTU 1024 the call was a third of the ICRC's cost). `desc` holds three runs of
+   * `desc.length / 3` words: each message's offset in `ring`, its length and its segment length; a
+   * message is a GSO train whose segment k leaves with IPv4 ID k (the last segment may be shorter), a
+   * lone datagram is segment 0 (`src/link/mmsg.ts`, `TxQueue`). A RangeError, before anything is
+   * written, for a message outside `ring` or a segment shorter than BTH + ICRC.
+   */
+  trains(ring: Uint8Array, desc: Int32Array, from: number, to: number): void {
+    const a = ADDON;
+    if (a !== undefined) {
+      this.writeKey();
+      a.trains(ring, desc, from, to);
+      return;
+    }
+    const b = (desc.length / 3) | 0;
+    if (!(from >= 0 && to >= from && to <= b)) throw new RangeError(`messages ${from} … ${to} of a queue of ${b}`);
+    for (let i = from; i < to; i++) {
+      const at = desc[i]!;
+      const bytes = desc[b + i]!;
+      const seg = desc[2 * b + i]!;
+      const last = bytes - Math.floor((bytes - 1) / seg) * seg;
+      if (at < 0 || bytes < MIN_ICRC_PAYLOAD || seg < MIN_ICRC_PAYLOAD || at + bytes > ring.length || last < MIN_ICRC_PAYLOAD || (bytes - 1) / seg >= 65536) {
+        throw new RangeError(`message ${i} (${bytes} B at ${at}, segments of ${seg} B) outside a ring of ${ring.length} B or shorter than BTH + ICRC`);
+      }
+    }
+    const info = this.info;
+    for (let i = from; i < to; i++) {
+      const at = desc[i]!;
+      const bytes = desc[b + i]!;
+      const seg = desc[2 * b + i]!;
+      for (let o = 0, id = 0; o < bytes; o += seg, id++) {
+        const d = ring.subarray(at + o, at + Math.min(o + seg, bytes));
+        info.ipId = id;
+        writeIcrc(d, jsIcrcOfUdpPayload(info, d));
+      }
+    }
+  }
+
+  /** The flow's words into the addon's key block, with DF; the ID is the caller's. */
+  private writeKey(): void {
     const k = KEY;
     const w = this.words;
     k[K_FAMILY] = w[0]!;
     k[K_PORTS] = w[1]!;
-    k[K_ID] = ipId & 0xffff;
     k[K_FLAGS] = IPV4_DF;
     k[K_SRC] = w[2]!;
     k[K_DST] = w[6]!;
@@ -683,7 +729,6 @@ export class IcrcFlowKey {
       k[K_DST + 2] = w[8]!;
       k[K_DST + 3] = w[9]!;
     }
-    return a.icrc(udpPayload) >>> 0;
   }
 }
 
@@ -882,6 +927,17 @@ function addonAgrees(a: IcrcAddon): boolean {
       writeIcrc(p, want);
       KEY[K_MODE] = MODE_STRICT;
       if (a.verify(p) !== ICRC_OK) return false;
+    }
+    // A queue's two messages in one call: a lone datagram (ID 0), and a train of segments of 40 B, 40 B
+    // and 20 B (IDs 0, 1, 2).
+    const ring = new Uint8Array(164);
+    for (let i = 0; i < ring.length; i++) ring[i] = (i * 89 + 3) & 0xff;
+    for (const info of [v4, v6]) {
+      writeInfoKey(info);
+      if (a.trains(ring, Int32Array.of(0, 64, 64, 100, 64, 40), 0, 2) !== 4) return false;
+      const segments = [ring.subarray(0, 64), ring.subarray(64, 104), ring.subarray(104, 144), ring.subarray(144, 164)];
+      const ids = [0, 0, 1, 2];
+      if (!segments.every((d, i) => readIcrc(d) === jsIcrcOfUdpPayload({ ...info, ipId: ids[i]!, ipFlagsFrag: IPV4_DF }, d))) return false;
     }
     // The sender's ID 0x1234, a receiver assuming 0: recovered; one bit flipped: bad.
     const guess = { ...v4, ipId: 0 };

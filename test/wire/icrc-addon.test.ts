@@ -212,6 +212,82 @@ t.test('IcrcFlowKey computes icrcOfUdpPayload\'s ICRC from its key words, not fr
   t.throws(() => key.icrc(0, new Uint8Array(MIN_ICRC_PAYLOAD - 1)), RangeError, 'a payload shorter than BTH + ICRC');
 });
 
+/**
+ * A send queue's layout (mmsg.ts, `TxQueue.desc`) of `b` messages at random places in `ring`: lone
+ * datagrams and GSO trains of 2–12 segments of 16–1500 B, the last one shorter or not. Returns the
+ * descriptor and every datagram as [message, offset, length, train index].
+ */
+function randomQueue(rnd: () => number, ring: Uint8Array, b: number): { desc: Int32Array; datagrams: [number, number, number, number][] } {
+  const desc = new Int32Array(3 * b);
+  const datagrams: [number, number, number, number][] = [];
+  let at = rnd() % 8;
+  for (let i = 0; i < b; i++) {
+    const seg = MIN_ICRC_PAYLOAD + (rnd() % 1485);
+    const segs = rnd() & 1 ? 1 : 2 + (rnd() % 11);
+    const last = rnd() & 1 ? seg : MIN_ICRC_PAYLOAD + (rnd() % (seg - MIN_ICRC_PAYLOAD + 1));
+    const bytes = (segs - 1) * seg + last;
+    desc[i] = at;
+    desc[b + i] = bytes;
+    desc[2 * b + i] = seg;
+    for (let k = 0; k < segs; k++) datagrams.push([i, at + k * seg, k === segs - 1 ? last : seg, k]);
+    at += bytes + (rnd() % 8);
+  }
+  if (at > ring.length) throw new Error('ring too small for the test queue');
+  return { desc, datagrams };
+}
+
+t.test('IcrcFlowKey.trains writes every datagram of a queue\'s messages with its train index as the IPv4 ID, and nothing else', async (t) => {
+  const rnd = xorshift32(0x7a15);
+  const ring = new Uint8Array(8 * 12 * 1500 + 64);
+  const key = new IcrcFlowKey(randomInfo(rnd, 4));
+  let differ = 0;
+  let outside = 0;
+  let n = 0;
+  for (let trial = 0; trial < 300; trial++) {
+    const family = (trial & 1) === 0 ? 4 : 6;
+    const flow = randomInfo(rnd, family);
+    key.set(flow);
+    ring.set(randomBytes(rnd, ring.length));
+    const before = ring.slice();
+    const { desc, datagrams } = randomQueue(rnd, ring, 8);
+    const from = rnd() % 8;
+    const to = from + (rnd() % (9 - from));
+    key.trains(ring, desc, from, to);
+    const fields = new Set<number>();
+    for (const [i, at, len, k] of datagrams) {
+      if (i < from || i >= to) continue;
+      n++;
+      const d = ring.subarray(at, at + len);
+      const want = icrcJs.icrcOfUdpPayload({ ...flow, ipId: family === 4 ? k : 0, ipFlagsFrag: 0x4000 }, d);
+      const got = (d[len - 4]! | (d[len - 3]! << 8) | (d[len - 2]! << 16) | (d[len - 1]! << 24)) >>> 0;
+      if (got !== want) differ++;
+      for (let j = len - 4; j < len; j++) fields.add(at + j);
+    }
+    for (let j = 0; j < ring.length; j++) if (!fields.has(j) && ring[j] !== before[j]) outside++;
+  }
+  t.ok(n > 1000, `${n} datagrams checked`);
+  t.equal(differ, 0, 'each ICRC is the JavaScript one for its train index (IPv4) or none (IPv6)');
+  t.equal(outside, 0, 'no byte but the ICRC fields of the messages asked for changed');
+
+  const small = new Uint8Array(4096);
+  const bad: [string, Int32Array, number, number][] = [
+    ['a message past the ring', Int32Array.of(4000, 200, 200), 0, 1],
+    ['a negative offset', Int32Array.of(-1, 100, 100), 0, 1],
+    ['segments shorter than BTH + ICRC', Int32Array.of(0, 60, 15), 0, 1],
+    ['a last segment shorter than BTH + ICRC', Int32Array.of(0, 110, 100), 0, 1],
+    ['more messages than the queue holds', Int32Array.of(0, 100, 100), 0, 2],
+    ['from after to', Int32Array.of(0, 100, 100), 1, 0],
+  ];
+  for (const [what, desc, from, to] of bad) {
+    // A good message ahead of the bad one: nothing is written unless every message is good.
+    const two = desc.length === 3 && from === 0 && to === 1 ? Int32Array.of(0, desc[0]!, 100, desc[1]!, 100, desc[2]!) : desc;
+    const last = two === desc ? to : 2;
+    small.fill(0x5a);
+    t.throws(() => key.trains(small, two, from, last), RangeError, what);
+    t.ok(small.every((x) => x === 0x5a), `${what}: nothing written`);
+  }
+});
+
 t.test('recoverIpv4Id with assumed flags other than DF or 0 answers as the JavaScript does', async (t) => {
   const rnd = xorshift32(4242);
   const p = randomBytes(rnd, 300);
@@ -285,13 +361,21 @@ t.test('without the addon (ROCE_ADDON=0) the stack computes the same ICRCs in Ja
     const c = await import(${JSON.stringify(crcModule)});
     const info = { family: 4, srcAddr: Uint8Array.of(192, 168, 7, 1), dstAddr: Uint8Array.of(192, 168, 7, 2), srcPort: 49152, dstPort: 4791, ipId: 7, ipFlagsFrag: 0x4000 };
     const p = new Uint8Array(1100).map((_, i) => i * 13);
-    console.log(JSON.stringify({ impl: m.icrcImplementation, crc: c.crc32Name, icrc: m.icrcOfUdpPayload(info, p) }));`;
+    const ring = new Uint8Array(2500).map((_, i) => i * 7);
+    new m.IcrcFlowKey(info).trains(ring, Int32Array.of(0, 1100, 1100, 1400, 1100, 600), 0, 2);
+    console.log(JSON.stringify({ impl: m.icrcImplementation, crc: c.crc32Name, icrc: m.icrcOfUdpPayload(info, p), ring: Array.from(ring) }));`;
   const r = spawnSync(process.execPath, ['--input-type=module', '-e', script], { env: { ...process.env, ROCE_ADDON: '0' }, encoding: 'utf8', timeout: 30_000 });
   t.equal(r.status, 0, r.stderr);
-  const out = JSON.parse(r.stdout) as { impl: string; crc: string; icrc: number };
+  const out = JSON.parse(r.stdout) as { impl: string; crc: string; icrc: number; ring: number[] };
   t.equal(out.impl, 'js');
   t.not(out.crc, 'addon');
   const info: UdpDatagramInfo = { family: 4, srcAddr: Uint8Array.of(192, 168, 7, 1), dstAddr: Uint8Array.of(192, 168, 7, 2), srcPort: 49152, dstPort: 4791, ipId: 7, ipFlagsFrag: 0x4000 };
   const p = new Uint8Array(1100).map((_, i) => i * 13);
   t.equal(out.icrc, icrcOfUdpPayload(info, p), `the same ICRC as this process computes (${icrcImplementation})`);
+  // IcrcFlowKey.trains: a lone datagram (ID 0) at 0, and a train of 600, 600 and 200 B (IDs 0, 1, 2) at 1100.
+  const ring = new Uint8Array(2500).map((_, i) => i * 7);
+  new IcrcFlowKey(info).trains(ring, Int32Array.of(0, 1100, 1100, 1400, 1100, 600), 0, 2);
+  t.same(out.ring, Array.from(ring), 'IcrcFlowKey.trains writes the same bytes');
+  const seg = ring.subarray(1700, 2300);
+  t.equal(icrcOfUdpPayload({ ...info, ipId: 1 }, seg), (seg[596]! | (seg[597]! << 8) | (seg[598]! << 16) | (seg[599]! << 24)) >>> 0, 'the second segment with IPv4 ID 1');
 });
