@@ -20,6 +20,8 @@ import {
   Ipv6IcrcKey,
   IcrcFlowKey,
   readIcrc,
+  receivedVerdict,
+  verifyReceived,
   writeIcrc,
   type UdpDatagramInfo,
 } from '../src/wire/icrc.js';
@@ -76,6 +78,24 @@ function rawCrcCalls(): { name: string; fn: (d: Uint8Array) => number }[] {
   return calls;
 }
 
+/**
+ * A receive batch as `RxRing` lays it out for `verifyReceived` (src/link/mmsg.ts): 16 messages, each
+ * its source's sockaddr (port, address) then `payload`, which was sent from `from`.
+ */
+function receiveBatch(from: UdpDatagramInfo, payload: Uint8Array): { mem: Uint8Array; desc: Int32Array } {
+  const name = from.family === 4 ? 16 : 28;
+  const mem = new Uint8Array(16 * (name + payload.length));
+  const desc = new Int32Array(4 * 16);
+  for (let i = 0, at = 0; i < 16; i++, at += name + payload.length) {
+    mem[at + 2] = from.srcPort >> 8;
+    mem[at + 3] = from.srcPort & 0xff;
+    mem.set(from.srcAddr, at + (from.family === 4 ? 4 : 8));
+    mem.set(payload, at + name);
+    desc.set([at + name, payload.length, payload.length, at], 4 * i);
+  }
+  return { mem, desc };
+}
+
 function icrcRows(m: MeasureOptions): BenchRow[] {
   const rows: BenchRow[] = [];
   for (const mtu of [1024, 4096]) {
@@ -122,6 +142,16 @@ function icrcRows(m: MeasureOptions): BenchRow[] {
     trainsKey.trains(txRing.bytes, Int32Array.of(0, udpLen, udpLen), 0, 1);
     if (readIcrc(txRing.bytes.subarray(0, udpLen)) !== flowKey.icrc(0, txRing.bytes.subarray(0, udpLen))) throw new Error('IcrcFlowKey.trains disagrees with IcrcFlowKey.icrc');
     if (verifyIcrc(socket, payload, 'recover') !== ICRC_RECOVERED) throw new Error('verifyIcrc does not recover the bench packet');
+    // The batched receive path (UdpLink's RxRing): every datagram of a recvmmsg batch judged in one call
+    // (`verifyReceived`), 16 to a batch, the verdicts read back one per datagram as the delivery does.
+    // Before, one call per datagram: the `verifyIcrc` and `verifyIcrc6` rows.
+    const rx4 = receiveBatch(socket, payload);
+    const rx6 = receiveBatch(six, payload6);
+    const verdicts = new Int32Array(16);
+    let inBatch4 = 0;
+    let inBatch6 = 0;
+    if (verifyReceived(4, socket.dstAddr, 4791, 'recover', rx4.mem, rx4.desc, 16, verdicts) !== (icrcImplementation === 'addon' ? 16 : 0)) throw new Error('verifyReceived did not judge the bench batch');
+    if (icrcImplementation === 'addon' && !verdicts.every((w) => receivedVerdict(w) === ICRC_RECOVERED)) throw new Error('verifyReceived does not recover the bench batch');
     // Every row is measured interleaved with the raw CRC (one sample of each in turn), and its ratio is
     // the median of the per-sample ratios: measured one after the other, a slow stretch of this shared
     // machine under one of them moved a ratio by ±20 % (rows below 1.0 for functions that do the raw
@@ -159,6 +189,24 @@ function icrcRows(m: MeasureOptions): BenchRow[] {
       // The IPv6 receive path (UdpLink.accept): no ID to recover, no record.
       { name: `MTU ${mtu}: verifyIcrc IPv6`, op: () => verifyIcrc(six, payload6, 'strict') },
       { name: `MTU ${mtu}: verifyIcrc6, the peer's key words (IPv6 receive path)`, op: () => verifyIcrc6(six, key6, payload6, 'strict') },
+      {
+        name: `MTU ${mtu}: verifyReceived, 16 datagrams of a receive batch per call, IDs recovered (batched IPv4 receive path)`,
+        op: () => {
+          if (inBatch4 === 0) verifyReceived(4, socket.dstAddr, 4791, 'recover', rx4.mem, rx4.desc, 16, verdicts);
+          const v = receivedVerdict(verdicts[inBatch4]!);
+          inBatch4 = (inBatch4 + 1) & 15;
+          return v;
+        },
+      },
+      {
+        name: `MTU ${mtu}: verifyReceived IPv6, 16 datagrams of a receive batch per call (batched IPv6 receive path)`,
+        op: () => {
+          if (inBatch6 === 0) verifyReceived(6, six.dstAddr, 4791, 'strict', rx6.mem, rx6.desc, 16, verdicts);
+          const v = receivedVerdict(verdicts[inBatch6]!);
+          inBatch6 = (inBatch6 + 1) & 15;
+          return v;
+        },
+      },
       { name: `MTU ${mtu}: checkIcrcOfIpDatagram`, op: () => (checkIcrcOfIpDatagram(ip).status === 'ok' ? 1 : 0) },
       // Where the addon is not built: the JavaScript ICRC over the fastest CRC package.
       { name: `MTU ${mtu}: JS ICRC: icrcOfUdpPayload (send)`, op: () => icrcJs.icrcOfUdpPayload(known, payload) },

@@ -407,11 +407,23 @@ export class TxRing {
 
 /**
  * Where `RxRing` delivers: a datagram (a view of a slot), its source, whether it was truncated, and
- * its place `k` in a GRO train (0 alone). The view's bytes are the next `recvmmsg`'s to overwrite,
+ * its place `k` in a GRO train (0 alone), and its ICRC's verdict where `RxVerify` judged it with its
+ * batch (-1 where not). The view's bytes are the next `recvmmsg`'s to overwrite,
  * and so may the view object be: one with the same place and length is handed out again (see
  * `RxRing.view`). Keep a copy, not the view.
  */
-export type RxDeliver = (datagram: Uint8Array, srcAddr: Uint8Array, srcPort: number, truncated: boolean, k: number) => void;
+export type RxDeliver = (datagram: Uint8Array, srcAddr: Uint8Array, srcPort: number, truncated: boolean, k: number, verdict: number) => void;
+
+/**
+ * Judges every datagram of a batch at once, before any is delivered (`verifyReceived` in
+ * `src/wire/icrc.ts`): `mem` is the ring's memory, `desc` holds 4 words per message (offset of its bytes
+ * in `mem`, length, the length it is cut at, offset of its sockaddr), and `out[j]` gets the j-th
+ * datagram's word. Returns how many datagrams it judged (0: none, each is checked on delivery).
+ */
+export type RxVerify = (mem: Uint8Array, desc: Int32Array, messages: number, out: Int32Array) => number;
+
+/** The most datagrams one batch's verdicts cover: a batch of GRO trains of the kernel's 64 segments. */
+const MAX_VERDICTS = 64 * 64;
 
 /**
  * Reads a socket with `recvmmsg` into `BATCH` slots whenever libuv reports it readable. The socket
@@ -430,6 +442,10 @@ export class RxRing {
   private readonly views: Uint8Array[][] = [];
   private readonly poll: PollHandle;
   private closed = false;
+  /** The ring's memory, and each message's place in it as `verify` takes it (`RxVerify`). */
+  private readonly bytes: Uint8Array;
+  private readonly desc = new Int32Array(4 * BATCH);
+  private readonly verdicts = new Int32Array(MAX_VERDICTS);
 
   constructor(
     private readonly ffi: BatchIoFfi,
@@ -447,6 +463,8 @@ export class RxRing {
     private readonly gro = false,
     /** Called for each message that was such a train. */
     private readonly onTrain?: () => void,
+    /** Judges each batch's datagrams before they are delivered (their `verdict`; -1 where it did not). */
+    private readonly verify?: RxVerify,
   ) {
     this.slotBytes = gro ? RX_SLOT_GRO : RX_SLOT;
     this.ctrlOff = BATCH * (MMSG + IOV + SOCKADDR);
@@ -454,6 +472,7 @@ export class RxRing {
     this.mem = ffi.alloc(dataOff + BATCH * this.slotBytes);
     this.vec = new Uint8Array(this.mem.view, 0, BATCH * MMSG);
     this.dv = new DataView(this.mem.view);
+    this.bytes = new Uint8Array(this.mem.view);
     const base = Number(this.mem.address);
     for (let i = 0; i < BATCH; i++) {
       const m = i * MMSG;
@@ -469,6 +488,8 @@ export class RxRing {
       this.slots.push(new Uint8Array(this.mem.view, slot, this.slotBytes));
       this.views.push([]);
       this.names.push(new Uint8Array(this.mem.view, name + (family === 4 ? 4 : 8), family === 4 ? 4 : 16));
+      this.desc[4 * i] = slot;
+      this.desc[4 * i + 3] = name;
     }
     // koffi calls this outside any node callback scope, so promise reactions and microtasks queued
     // by what the datagrams trigger (completions awaited by the application, the send flush) would
@@ -526,22 +547,33 @@ export class RxRing {
       if (r <= 0) break; // EAGAIN: drained (any other error: nothing to read either)
       this.before();
       const nameOff = BATCH * (MMSG + IOV);
-      let since = 0;
-      for (let i = 0; i < r && !this.closed; i++) {
+      // Each message's length and the length it is cut at: a GRO train into its datagrams, anything
+      // else is one datagram (`step` = its length). Then every datagram is judged in one call.
+      const desc = this.desc;
+      for (let i = 0; i < r; i++) {
         const m = i * MMSG;
         const len = dv.getUint32(m + OFF_LEN, isLittleEndian);
         const truncated = (dv.getInt32(m + OFF_FLAGS, isLittleEndian) & MSG_TRUNC) !== 0;
-        const port = dv.getUint16(nameOff + i * SOCKADDR + 2, false);
-        // A GRO train is cut into its datagrams; anything else is one datagram (`step` = its length).
         const seg = gro ? this.segmentSize(i) : 0;
-        const train = seg > 0 && seg < len && !truncated;
-        if (train) this.onTrain?.();
-        const step = train ? seg : len;
+        desc[4 * i + 1] = len;
+        desc[4 * i + 2] = seg > 0 && seg < len && !truncated ? seg : len;
+      }
+      const judged = this.verify !== undefined ? this.verify(this.bytes, desc, r, this.verdicts) : 0;
+      let j = 0;
+      let since = 0;
+      for (let i = 0; i < r && !this.closed; i++) {
+        const m = i * MMSG;
+        const len = desc[4 * i + 1]!;
+        const step = desc[4 * i + 2]!;
+        const truncated = (dv.getInt32(m + OFF_FLAGS, isLittleEndian) & MSG_TRUNC) !== 0;
+        const port = dv.getUint16(nameOff + i * SOCKADDR + 2, false);
+        if (step < len) this.onTrain?.();
         let o = 0;
         let k = 0;
         do {
           const end = Math.min(o + step, len);
-          this.deliver(this.view(i, k, o, end - o), this.names[i]!, port, truncated, k);
+          this.deliver(this.view(i, k, o, end - o), this.names[i]!, port, truncated, k, j < judged ? this.verdicts[j]! : -1);
+          j++;
           k++;
           o = end;
           budget--;

@@ -61,7 +61,7 @@ import { once } from 'node:events';
 import { randomBytes } from 'node:crypto';
 import {
   checkIcrcOfIpDatagram, ICRC_BAD, ICRC_LEN, ICRC_UNCHECKED, icrcOfParts, icrcOfUdpPayload, IcrcFlowKey, Ipv6IcrcKey, MIN_ICRC_PAYLOAD, verified, verifyIcrc,
-  verifyIcrc6, writeIcrc,
+  verifyIcrc6, receivedIpId, receivedVerdict, verifyReceived, writeIcrc,
   type IcrcMode, type IcrcStatus, type UdpDatagramInfo,
 } from '../wire/icrc.js';
 import { formatIpAddress, parseIpAddress } from '../wire/frame.js';
@@ -228,6 +228,8 @@ export interface UdpLinkCounters {
   spilled: number;
   /** Batched path with `gro`: messages that arrived as a coalesced train and were cut here. */
   groTrains: number;
+  /** Batched path: datagrams whose ICRC was checked with the rest of their batch, in one native call. */
+  batchChecked: number;
 }
 
 const DEFAULTS = {
@@ -264,7 +266,7 @@ export class UdpLink implements WireLink {
   readonly caps: LinkCaps;
   readonly local: PeerAddress;
   readonly startup: UdpLinkStartup;
-  readonly counters: UdpLinkCounters = { sent: 0, received: 0, flowSockets: 0, flowFallbacks: 0, flowOptionFailures: 0, spilled: 0, groTrains: 0 };
+  readonly counters: UdpLinkCounters = { sent: 0, received: 0, flowSockets: 0, flowFallbacks: 0, flowOptionFailures: 0, spilled: 0, groTrains: 0, batchChecked: 0 };
 
   private readonly drop = emptyDrops();
   private readonly localAddr: Uint8Array;
@@ -648,13 +650,13 @@ export class UdpLink implements WireLink {
       ffi,
       dupFd,
       this.caps.family,
-      (datagram, addr, srcPort, truncated, k) => {
+      (datagram, addr, srcPort, truncated, k, verdict) => {
         // Longer than any RoCEv2 packet: truncated into a slot, or whole in a GRO-sized one.
         if (truncated || datagram.length > RX_SLOT) {
           this.drop.notRoce++;
           return;
         }
-        this.onDatagram(datagram, this.peerFor(addr, srcPort), port, addr, k);
+        this.onDatagram(datagram, this.peerFor(addr, srcPort), port, addr, k, verdict);
       },
       // One receive time per batch: the datagrams of one recvmmsg were read at one moment.
       () => (this.rxAt = this.clock.now()),
@@ -666,6 +668,13 @@ export class UdpLink implements WireLink {
       },
       gro,
       () => this.counters.groTrains++,
+      // Every ICRC of a batch in one call, unless a receive hook may change the datagrams first.
+      (mem, desc, messages, out) => {
+        if (this.rxHook !== undefined) return 0;
+        const judged = verifyReceived(this.caps.family, this.localAddr, port, this.opts.icrcVerify, mem, desc, messages, out);
+        this.counters.batchChecked += judged;
+        return judged;
+      },
     );
   }
 
@@ -903,12 +912,12 @@ export class UdpLink implements WireLink {
   }
 
   /** `srcBytes`: the source address as the kernel gave it, where it did (batched reads). */
-  private onDatagram(msg: Uint8Array, src: PeerAddress, localPort: number, srcBytes?: Uint8Array, idGuess = 0): void {
+  private onDatagram(msg: Uint8Array, src: PeerAddress, localPort: number, srcBytes?: Uint8Array, idGuess = 0, verdict = -1): void {
     if (this.closed) return;
     if (this.probeNonce !== undefined && localPort === this.local.port && this.isProbe(msg, src.port)) return;
     const hook = this.rxHook;
     if (hook === undefined) {
-      this.accept(msg, src, localPort, false, srcBytes, idGuess);
+      this.accept(msg, src, localPort, false, srcBytes, idGuess, verdict);
       return;
     }
     hook(msg, src, (datagram, ce = false) => this.accept(datagram, src, localPort, ce));
@@ -919,8 +928,9 @@ export class UdpLink implements WireLink {
    * of the source address (the ICRC covers it) where the caller has the bytes; read during the call only.
    * `idGuess` is the IPv4 ID to try first: segment k of a GSO train left with ID k (mmsg.ts), and
    * the right guess saves recovering it; a wrong one costs nothing more than the guess of 0 did.
+   * `verdict`, where not -1, is the ICRC's already judged with the rest of its batch (`verifyReceived`).
    */
-  private accept(datagram: Uint8Array, src: PeerAddress, localPort: number, ce: boolean, srcBytes?: Uint8Array, idGuess = 0): void {
+  private accept(datagram: Uint8Array, src: PeerAddress, localPort: number, ce: boolean, srcBytes?: Uint8Array, idGuess = 0, verdict = -1): void {
     if (this.closed) {
       this.drop.closed++;
       return;
@@ -934,6 +944,21 @@ export class UdpLink implements WireLink {
       this.drop.notRoce++;
       return;
     }
+    const v = verdict >= 0 ? receivedVerdict(verdict) : this.verify(datagram, src, localPort, srcAddr, idGuess);
+    if (v === ICRC_BAD) {
+      this.drop.badIcrc++;
+      return;
+    }
+    this.counters.received++;
+    const meta: RxMeta = { src, icrc: ICRC_STATUS[v]!, ce, at: this.rxAt ?? this.clock.now() };
+    if (v !== ICRC_UNCHECKED && this.caps.family === 4) {
+      meta.ipId = verdict >= 0 ? receivedIpId(verdict) : verified.ipId;
+    }
+    this.handler?.(datagram, meta);
+  }
+
+  /** The ICRC check of one datagram (`verifyIcrc`, or `verifyIcrc6` with the last peer's key words). */
+  private verify(datagram: Uint8Array, src: PeerAddress, localPort: number, srcAddr: Uint8Array, idGuess: number): number {
     const info = this.info;
     info.srcAddr = srcAddr;
     info.dstAddr = this.localAddr;
@@ -955,16 +980,7 @@ export class UdpLink implements WireLink {
       v = verifyIcrc(info, datagram, this.opts.icrcVerify);
     }
     info.ipId = 0;
-    if (v === ICRC_BAD) {
-      this.drop.badIcrc++;
-      return;
-    }
-    this.counters.received++;
-    const meta: RxMeta = { src, icrc: ICRC_STATUS[v]!, ce, at: this.rxAt ?? this.clock.now() };
-    if (v !== ICRC_UNCHECKED && this.caps.family === 4) {
-      meta.ipId = verified.ipId;
-    }
-    this.handler?.(datagram, meta);
+    return v;
   }
 
   /** Text address → bytes of this link's family, cached; undefined for anything else. */

@@ -28,6 +28,13 @@ export interface IcrcAddon {
    * `ring` or a segment shorter than BTH + ICRC, before anything is written.
    */
   trains(ring: Uint8Array, desc: Int32Array, from: number, to: number): number;
+  /**
+   * The verdicts on every datagram of a `recvmmsg` batch, in one call: `desc` holds 4 words per message
+   * (offset of its bytes in `mem`, length, the length a GRO train is cut at, offset of its sockaddr);
+   * the key block holds the family, the local address and port, the flags and the mode. `out[j]` is the
+   * j-th datagram's verdict | (ID << 1 | DF) << 2. Returns how many datagrams were judged.
+   */
+  received(mem: Uint8Array, desc: Int32Array, messages: number, out: Int32Array): number;
   /** 1: the ICRC matches; 2: it matches for another IPv4 ID (recover mode); 0: it does not. */
   verify(udpPayload: Uint8Array): number;
   /** The Int32Array (16 words) the key is written into before each `icrc`, `icrc2` or `verify`. */
@@ -52,7 +59,7 @@ function load(): IcrcAddon | undefined {
   }
   try {
     const m = createRequire(import.meta.url)(path) as IcrcAddon;
-    for (const f of ['crc32', 'icrc', 'icrc2', 'verify', 'trains', 'bind'] as const) {
+    for (const f of ['crc32', 'icrc', 'icrc2', 'verify', 'trains', 'received', 'bind'] as const) {
       if (typeof m[f] !== 'function') throw new Error(`no ${f}()`);
     }
     return m;

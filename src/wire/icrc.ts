@@ -623,6 +623,57 @@ export function verifyIcrc(info: UdpDatagramInfo, udpPayload: Uint8Array, mode: 
 }
 
 /**
+ * The verdicts on every datagram of a `recvmmsg` batch in one native call (`UdpLink`'s batched receive
+ * path; `src/link/mmsg.ts`, `RxRing`), where `verifyIcrc` or `verifyIcrc6` is one call per datagram and
+ * the call was a third of a check at path MTU 1024. `mem` holds the batch; `desc` 4 words per message:
+ * the offset of its bytes in `mem`, its length, the length it is cut at (a GRO train's segment size, 0
+ * or its length otherwise), and the offset of its source's `sockaddr_in` or `sockaddr_in6`. The flow's
+ * other end is `localAddr` and `localPort`; segment k of a train is tried with IPv4 ID k first, as the
+ * sender's GSO numbered it, with DF; IPv6 is always exact. `out[j]` receives the j-th datagram's word
+ * (`receivedVerdict`, `receivedIpId`). Returns how many datagrams were judged, in order:
+ * 0 where the addon is not built or the mode is `off` (check each one then), fewer than the batch holds
+ * when `out` is shorter. A RangeError for a message or sockaddr outside `mem`, before anything is judged.
+ */
+export function verifyReceived(family: 4 | 6, localAddr: Uint8Array, localPort: number, mode: IcrcMode, mem: Uint8Array, desc: Int32Array, messages: number, out: Int32Array): number {
+  const a = ADDON;
+  if (a === undefined || mode === 'off') return 0;
+  if (localAddr.length !== (family === 4 ? 4 : 16)) throw new RangeError(`a ${localAddr.length}-byte local address for IPv${family}`);
+  writeReceivedKey(family, localAddr, localPort, mode);
+  return a.received(mem, desc, messages, out);
+}
+
+/** The key block for the addon's `received`: the local end of the flows, the flags assumed, the mode. */
+function writeReceivedKey(family: 4 | 6, localAddr: Uint8Array, localPort: number, mode: IcrcMode): void {
+  const k = KEY;
+  k[K_PORTS] = localPort & 0xffff;
+  k[K_ID] = 0;
+  if (family === 4) {
+    k[K_FAMILY] = 4;
+    k[K_DST] = word(localAddr, 0);
+    k[K_FLAGS] = IPV4_DF;
+    k[K_MODE] = mode === 'recover' ? MODE_RECOVER : MODE_STRICT;
+  } else {
+    k[K_FAMILY] = 6;
+    k[K_DST] = word(localAddr, 0);
+    k[K_DST + 1] = word(localAddr, 4);
+    k[K_DST + 2] = word(localAddr, 8);
+    k[K_DST + 3] = word(localAddr, 12);
+    k[K_FLAGS] = 0;
+    k[K_MODE] = MODE_STRICT;
+  }
+}
+
+/** A `verifyReceived` word's verdict: ICRC_OK, ICRC_RECOVERED or ICRC_BAD. */
+export function receivedVerdict(w: number): number {
+  return w & 3;
+}
+
+/** A `verifyReceived` word's IPv4 ID (of the match; 0 for IPv6). */
+export function receivedIpId(w: number): number {
+  return w >>> 3;
+}
+
+/**
  * A flow's key words for the addon (family, ports and addresses), built once for a path that computes
  * many ICRCs for one flow: `UdpLink`'s send path, one per datagram to the same peer. `icrcOfUdpPayload`
  * checks `info` and reads its addresses out of their arrays at every call; `icrc` copies words.
@@ -944,6 +995,15 @@ function addonAgrees(a: IcrcAddon): boolean {
     writeKey(guess, 0, IPV4_DF);
     KEY[K_MODE] = MODE_RECOVER;
     if (a.verify(p) !== ICRC_RECOVERED || KEY[K_OUT] !== ((0x1234 << 1) | 1)) return false;
+    // The same packet as the one datagram of a receive batch, from 10.0.0.1 port 0xc000 (its sockaddr_in
+    // at 0), to 10.0.0.2 port 4791: recovered, with the same ID and DF.
+    const mem = new Uint8Array(16 + p.length);
+    mem.set([0, 0, 0xc0, 0x00, 10, 0, 0, 1]);
+    mem.set(p, 16);
+    const out = new Int32Array(1);
+    writeReceivedKey(4, v4.dstAddr, 4791, 'recover');
+    const judged = a.received(mem, Int32Array.of(16, p.length, 0, 0), 1, out);
+    if (judged !== 1 || out[0] !== (ICRC_RECOVERED | (((0x1234 << 1) | 1) << 2))) return false;
     p[100] = p[100]! ^ 0x10;
     return a.verify(p) === ICRC_BAD && jsVerifyIcrc(guess, p, 'recover') === ICRC_BAD;
   } catch {

@@ -8,7 +8,7 @@ import t from 'tap';
 import { UdpLink, type LinkWarning } from '../../src/link/udp.js';
 import { openIpv4Observer, setsockoptInt, socketFd, SOL_UDP, UDP_NO_CHECK6_RX, UDP_NO_CHECK6_TX } from '../../src/link/sockopt.js';
 import { Xorshift32 } from '../../src/link/fault.js';
-import { checkIcrc, checkIcrcOfIpDatagram, icrcOfUdpPayload, writeIcrc, type UdpDatagramInfo } from '../../src/wire/icrc.js';
+import { checkIcrc, checkIcrcOfIpDatagram, icrcImplementation, icrcOfUdpPayload, writeIcrc, type UdpDatagramInfo } from '../../src/wire/icrc.js';
 import { parseIpAddress } from '../../src/wire/frame.js';
 import { closeSocket, concat, freePorts, plainSocket, psnOf, recorder, sendOnly, settle, until } from './helpers.js';
 
@@ -415,6 +415,34 @@ t.test('batched path, UDP_GRO: trains arrive whole and are cut into their datagr
   }
   t.ok(withGro.counters.groTrains >= 3, `trains read whole (${withGro.counters.groTrains})`);
   t.equal(without.counters.groTrains, 0);
+});
+
+t.test('batched path: a batch\'s ICRCs are checked in one call, not where a receive hook may change the bytes first', async (t) => {
+  const a = await open('127.0.0.1');
+  const b = await open('127.0.0.1');
+  const got = recorder(b);
+  const perBatch = icrcImplementation === 'addon' ? 1 : 0; // without the addon each is checked in JavaScript
+  const probe = b.counters.batchChecked; // the start-up probe's datagram, where it came through the ring
+  const burst = async (from: number, n: number, what: string): Promise<void> => {
+    for (let i = from; i < from + n; i++) a.send(b.local, a.local.port, sendOnly(i, new Uint8Array(i % 3 === 0 ? 1000 : 64)));
+    await until(() => got.length + b.drops.badIcrc === from + n, 5000, what);
+  };
+  await burst(0, 40, '40 datagrams');
+  t.equal(b.counters.batchChecked - probe, 40 * perBatch, `checked with their batch (${icrcImplementation})`);
+  t.ok(got.every((r) => r.meta.icrc === 'ok'), 'each ok, its ID known from its train');
+  // A hook that flips a covered bit and passes the datagram on: the check must see the flipped bytes.
+  b.setRxHook((d, _src, accept) => {
+    d[20] = d[20]! ^ 0x01;
+    accept(d);
+  });
+  await burst(40, 10, 'ten through the hook');
+  t.equal(b.drops.badIcrc, 10, 'every flipped datagram dropped');
+  t.equal(got.length, 40, 'none delivered');
+  t.equal(b.counters.batchChecked - probe, 40 * perBatch, 'none checked ahead of the hook');
+  b.setRxHook(undefined);
+  await burst(50, 10, 'ten more');
+  t.equal(got.length, 50);
+  t.equal(b.counters.batchChecked - probe, 50 * perBatch, 'checked with their batch again');
 });
 
 t.test('batched path: the receive-batch hook (where the device answers) runs after at most 32 datagrams', async (t) => {

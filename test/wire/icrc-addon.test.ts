@@ -24,6 +24,9 @@ import {
   verifyIcrc6,
   Ipv6IcrcKey,
   IcrcFlowKey,
+  receivedIpId,
+  receivedVerdict,
+  verifyReceived,
   writeIcrc,
   type IcrcMode,
   type UdpDatagramInfo,
@@ -288,6 +291,108 @@ t.test('IcrcFlowKey.trains writes every datagram of a queue\'s messages with its
   }
 });
 
+/**
+ * A receive batch as RxRing lays it out (src/link/mmsg.ts): each message's sockaddr and bytes somewhere
+ * in `mem`, lone datagrams and GRO trains cut at a segment size, from random sources to one local end.
+ * Each datagram was sent with its train index as the IPv4 ID and DF, or another ID, or without DF, or
+ * is corrupt or shorter than BTH + ICRC. Returns the batch and, per datagram, what `verifyIcrc` says of
+ * it with the train index as its guess, in the order `verifyReceived` judges them.
+ */
+function randomBatch(rnd: () => number, family: 4 | 6, local: Uint8Array, localPort: number, mode: IcrcMode, messages: number): { mem: Uint8Array; desc: Int32Array; want: number[] } {
+  const mem = randomBytes(rnd, messages * (32 + 12 * 700) + 64);
+  const desc = new Int32Array(4 * messages + 4);
+  const want: number[] = [];
+  let at = rnd() % 8;
+  for (let i = 0; i < messages; i++) {
+    const srcAddr = randomBytes(rnd, family === 4 ? 4 : 16);
+    const srcPort = rnd() & 0xffff;
+    mem[at + 2] = srcPort >> 8;
+    mem[at + 3] = srcPort & 0xff;
+    mem.set(srcAddr, at + (family === 4 ? 4 : 8));
+    desc[4 * i + 3] = at;
+    at += family === 4 ? 16 : 28;
+    const seg = MIN_ICRC_PAYLOAD + (rnd() % 685);
+    const segs = rnd() & 1 ? 1 : 2 + (rnd() % 11);
+    // A short datagram: a lone one of any length, or a train's last segment of at least a byte.
+    const last = rnd() % 8 === 0 ? (segs === 1 ? 0 : 1) + (rnd() % (MIN_ICRC_PAYLOAD - 1)) : rnd() & 1 ? seg : MIN_ICRC_PAYLOAD + (rnd() % (seg - MIN_ICRC_PAYLOAD + 1));
+    const len = segs === 1 ? last : (segs - 1) * seg + last;
+    desc[4 * i] = at;
+    desc[4 * i + 1] = len;
+    desc[4 * i + 2] = segs === 1 ? (rnd() & 1 ? len : 0) : seg;
+    for (let k = 0, o = 0; k < segs; k++) {
+      const n = k === segs - 1 ? last : seg;
+      const d = mem.subarray(at + o, at + o + n);
+      const what = rnd() % 4;
+      const sent: UdpDatagramInfo = { family, srcAddr, dstAddr: local, srcPort, dstPort: localPort, ipId: family === 4 && what === 1 ? rnd() & 0xffff : k, ipFlagsFrag: what === 2 ? 0 : 0x4000 };
+      if (n >= MIN_ICRC_PAYLOAD) writeIcrc(d, icrcJs.icrcOfUdpPayload(sent, d));
+      if (what === 3 && n > 0) {
+        const x = rnd() % n;
+        d[x] = d[x]! ^ (1 << (rnd() & 7));
+      }
+      const guess: UdpDatagramInfo = { ...sent, ipId: family === 4 ? k : 0, ipFlagsFrag: family === 4 ? 0x4000 : 0 };
+      const v = n >= MIN_ICRC_PAYLOAD ? icrcJs.verifyIcrc(guess, d, mode) : ICRC_BAD;
+      want.push(v === ICRC_BAD || family === 6 ? v : v | (((verified.ipId << 1) | (verified.dontFragment ? 1 : 0)) << 2));
+      o += n;
+    }
+    at += len + (rnd() % 8);
+  }
+  if (at > mem.length) throw new Error('mem too small for the test batch');
+  return { mem, desc, want };
+}
+
+t.test('verifyReceived judges a whole receive batch, trains cut at their segment size, as verifyIcrc judges each datagram', { skip: addon === undefined && 'no addon (see above)' }, async (t) => {
+  const rnd = xorshift32(0x4ecb);
+  let n = 0;
+  let differ = 0;
+  const seen = new Set<number>();
+  for (let trial = 0; trial < 400; trial++) {
+    const family = (trial & 1) === 0 ? 4 : 6;
+    const local = randomBytes(rnd, family === 4 ? 4 : 16);
+    const localPort = rnd() & 1 ? 4791 : rnd() & 0xffff;
+    const mode: IcrcMode = rnd() & 1 ? 'recover' : 'strict';
+    const messages = 1 + (rnd() % 8);
+    const { mem, desc, want } = randomBatch(rnd, family, local, localPort, mode, messages);
+    const out = new Int32Array(want.length + 3).fill(-7);
+    const judged = verifyReceived(family, local, localPort, mode, mem, desc, messages, out);
+    if (judged !== want.length) differ++;
+    for (let j = 0; j < want.length; j++) {
+      n++;
+      seen.add(receivedVerdict(out[j]!));
+      if (out[j] !== want[j]) differ++;
+    }
+    if (out[want.length] !== -7) differ++;
+  }
+  t.ok(n > 4000, `${n} datagrams judged`);
+  t.equal(differ, 0, 'every word is the verdict, ID and DF verifyIcrc gives, and no word past the batch is written');
+  t.same([...seen].sort(), [ICRC_BAD, 1, 2], 'the batches held good, recovered and bad datagrams');
+
+  // An out shorter than the batch: as many as it holds, the first ones.
+  const local = Uint8Array.of(10, 1, 1, 2);
+  const { mem, desc, want } = randomBatch(xorshift32(9), 4, local, 4791, 'recover', 8);
+  const short = new Int32Array(3);
+  t.equal(verifyReceived(4, local, 4791, 'recover', mem, desc, 8, short), 3, 'an out of three words: three judged');
+  t.same(Array.from(short), want.slice(0, 3), 'the first three');
+  t.equal(receivedIpId(want.find((w) => receivedVerdict(w) !== ICRC_BAD)!) >= 0, true, 'an ID reads from a word');
+  t.equal(verifyReceived(4, local, 4791, 'off', mem, desc, 8, short), 0, 'mode off: nothing judged, each is checked on delivery');
+
+  const bad: [string, Int32Array, number][] = [
+    ['a message past the memory', Int32Array.of(100, mem.length, 0, 0), 1],
+    ['a negative offset', Int32Array.of(-1, 100, 100, 0), 1],
+    ['a negative length', Int32Array.of(0, -5, 0, 0), 1],
+    ['a sockaddr past the memory', Int32Array.of(0, 100, 100, mem.length - 4), 1],
+    ['more messages than desc holds', Int32Array.of(0, 100, 100, 0), 2],
+    ['a negative message count', Int32Array.of(0, 100, 100, 0), -1],
+  ];
+  for (const [what, d, messages] of bad) {
+    // A good message ahead of the bad one: nothing is judged unless every message is good.
+    const two = messages === 1 ? Int32Array.of(200, 100, 100, 100, ...d) : d;
+    const out = new Int32Array(8).fill(-7);
+    t.throws(() => verifyReceived(4, local, 4791, 'recover', mem, two, messages === 1 ? 2 : messages, out), RangeError, what);
+    t.ok(out.every((x) => x === -7), `${what}: nothing written`);
+  }
+  t.throws(() => verifyReceived(6, local, 4791, 'strict', mem, desc, 1, short), RangeError, 'a 4-byte local address for IPv6');
+});
+
 t.test('recoverIpv4Id with assumed flags other than DF or 0 answers as the JavaScript does', async (t) => {
   const rnd = xorshift32(4242);
   const p = randomBytes(rnd, 300);
@@ -363,11 +468,13 @@ t.test('without the addon (ROCE_ADDON=0) the stack computes the same ICRCs in Ja
     const p = new Uint8Array(1100).map((_, i) => i * 13);
     const ring = new Uint8Array(2500).map((_, i) => i * 7);
     new m.IcrcFlowKey(info).trains(ring, Int32Array.of(0, 1100, 1100, 1400, 1100, 600), 0, 2);
-    console.log(JSON.stringify({ impl: m.icrcImplementation, crc: c.crc32Name, icrc: m.icrcOfUdpPayload(info, p), ring: Array.from(ring) }));`;
+    const judged = m.verifyReceived(4, info.dstAddr, 4791, 'recover', ring, Int32Array.of(0, 100, 100, 0), 1, new Int32Array(4));
+    console.log(JSON.stringify({ impl: m.icrcImplementation, crc: c.crc32Name, icrc: m.icrcOfUdpPayload(info, p), ring: Array.from(ring), judged }));`;
   const r = spawnSync(process.execPath, ['--input-type=module', '-e', script], { env: { ...process.env, ROCE_ADDON: '0' }, encoding: 'utf8', timeout: 30_000 });
   t.equal(r.status, 0, r.stderr);
-  const out = JSON.parse(r.stdout) as { impl: string; crc: string; icrc: number; ring: number[] };
+  const out = JSON.parse(r.stdout) as { impl: string; crc: string; icrc: number; ring: number[]; judged: number };
   t.equal(out.impl, 'js');
+  t.equal(out.judged, 0, 'verifyReceived judges nothing: each datagram is checked in JavaScript on delivery');
   t.not(out.crc, 'addon');
   const info: UdpDatagramInfo = { family: 4, srcAddr: Uint8Array.of(192, 168, 7, 1), dstAddr: Uint8Array.of(192, 168, 7, 2), srcPort: 49152, dstPort: 4791, ipId: 7, ipFlagsFrag: 0x4000 };
   const p = new Uint8Array(1100).map((_, i) => i * 13);
