@@ -422,8 +422,8 @@ export type RxDeliver = (datagram: Uint8Array, srcAddr: Uint8Array, srcPort: num
  */
 export type RxVerify = (mem: Uint8Array, desc: Int32Array, messages: number, out: Int32Array) => number;
 
-/** The most datagrams one batch's verdicts cover: a batch of GRO trains of the kernel's 64 segments. */
-const MAX_VERDICTS = 64 * 64;
+/** The kernel's most segments in one GRO train (UDP_GRO_CNT_MAX). */
+const GRO_MAX_SEGMENTS = 64;
 
 /**
  * Reads a socket with `recvmmsg` into `BATCH` slots whenever libuv reports it readable. The socket
@@ -445,7 +445,8 @@ export class RxRing {
   /** The ring's memory, and each message's place in it as `verify` takes it (`RxVerify`). */
   private readonly bytes: Uint8Array;
   private readonly desc = new Int32Array(4 * BATCH);
-  private readonly verdicts = new Int32Array(MAX_VERDICTS);
+  /** The most datagrams a batch holds: `GRO_BATCH` trains of the most segments, or `BATCH` alone. */
+  private readonly verdicts = new Int32Array(Math.max(BATCH, GRO_BATCH * GRO_MAX_SEGMENTS));
 
   constructor(
     private readonly ffi: BatchIoFfi,

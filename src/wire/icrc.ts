@@ -647,20 +647,16 @@ function writeReceivedKey(family: 4 | 6, localAddr: Uint8Array, localPort: numbe
   const k = KEY;
   k[K_PORTS] = localPort & 0xffff;
   k[K_ID] = 0;
+  // The source words are each message's: the addon writes them from its sockaddr.
   if (family === 4) {
     k[K_FAMILY] = 4;
     k[K_DST] = word(localAddr, 0);
     k[K_FLAGS] = IPV4_DF;
-    k[K_MODE] = mode === 'recover' ? MODE_RECOVER : MODE_STRICT;
   } else {
-    k[K_FAMILY] = 6;
-    k[K_DST] = word(localAddr, 0);
-    k[K_DST + 1] = word(localAddr, 4);
-    k[K_DST + 2] = word(localAddr, 8);
-    k[K_DST + 3] = word(localAddr, 12);
+    writeAddresses6(k, localAddr, localAddr);
     k[K_FLAGS] = 0;
-    k[K_MODE] = MODE_STRICT;
   }
+  k[K_MODE] = family === 4 && mode === 'recover' ? MODE_RECOVER : MODE_STRICT;
 }
 
 /** A `verifyReceived` word's verdict: ICRC_OK, ICRC_RECOVERED or ICRC_BAD. */
