@@ -25,6 +25,8 @@ export class ProtectionDomain {
  */
 const VA_BASE = 0x7f3c_0000_0000n;
 const VA_SLOT = 1n << 32n;
+/** No region is longer: an offset past this is outside every one (and below 2^53, exact as a number). */
+const MAX_OFFSET = BigInt(DEVICE_LIMITS.maxMrSize);
 
 export class MemoryRegion {
   /** True once a SEND with Invalidate (or `invalidate()`) has revoked the R_Key. */
@@ -59,9 +61,12 @@ export class MemoryRegion {
 
   /** Byte offset into the region of [va, va+len), or undefined when not entirely inside. */
   offsetOf(va: bigint, len: number): number | undefined {
+    // One BigInt, the difference; the rest in numbers, exact below MAX_OFFSET (every request's
+    // R_Key check comes here, and each BigInt is an allocation).
     const off = va - this.addr;
-    if (off < 0n || off + BigInt(len) > BigInt(this.buffer.length)) return undefined;
-    return Number(off);
+    if (off < 0n || off > MAX_OFFSET) return undefined;
+    const o = Number(off);
+    return o + len > this.buffer.length ? undefined : o;
   }
 }
 

@@ -124,9 +124,18 @@ export class Responder {
   private dropMsg = false;
   /** The receive WQE a SEND in progress is filling, and how far. */
   private recv: { wqe: RecvWqe; segments: Uint8Array[]; offset: number } | undefined;
-  /** The RDMA WRITE in progress. */
-  private write: { va: bigint; rkey: number; resid: number; length: number } | undefined;
-  /** The region and offset `checkRkey` found for the WRITE packet being executed. */
+  // The RDMA WRITE in progress, in fields of this record rather than an object of its own: with
+  // thousands of QPs taking turns, a fresh object per message stored here was a write-barrier entry
+  // on another page at every message, and the 64-bit VA it advanced two BigInts per packet. The
+  // first packet checks the R_Key over the whole message (as rxe's check_rkey does with the RETH's
+  // length), so the rest need only where they go: the region and a byte offset into it.
+  /** A WRITE message is in progress (its first packet was accepted, its last not yet). */
+  private writing = false;
+  /** Its R_Key, its DMA length, and the bytes still to come. */
+  private writeRkey = 0;
+  private writeLength = 0;
+  private writeResid = 0;
+  /** The region it writes into (undefined for a zero-length WRITE), and where its next packet goes. */
   private writeMr: MemoryRegion | undefined;
   private writeOff = 0;
   /** READ/atomic resources, grown on use up to `resCap` (maxDestRdAtomic), then a ring. */
@@ -163,7 +172,7 @@ export class Responder {
     this.sentPsnNak = false;
     this.dropMsg = false;
     this.recv = undefined;
-    this.write = undefined;
+    this.endWrite();
     // Grown on use: most QPs never see a READ or atomic, and an idle QP should cost little.
     this.resources = [];
     this.resCap = Math.max(0, maxDestRdAtomic);
@@ -182,10 +191,15 @@ export class Responder {
     return this.ackPending;
   }
 
+  private endWrite(): void {
+    this.writing = false;
+    this.writeMr = undefined;
+  }
+
   /** Drops the message in progress (QP reset/error). */
   abandon(): void {
     this.recv = undefined;
-    this.write = undefined;
+    this.endWrite();
     this.opcode = -1;
     this.jobs = NO_JOBS;
   }
@@ -253,7 +267,7 @@ export class Responder {
   private abandonUc(ctx: EngineContext): void {
     if (this.opcode !== -1) ctx.counters.ucDroppedMsg++;
     this.recv = undefined;
-    this.write = undefined;
+    this.endWrite();
     this.opcode = -1;
   }
 
@@ -352,20 +366,33 @@ export class Responder {
   /** rxe check_rkey: R_Key, PD, access right and bounds (C9-88..C9-91), atomic alignment. */
   private checkRkey(ctx: EngineContext, pkt: RocePacket, info: OpcodeInfo): Check {
     if (info.kind === 'write') {
-      if (pkt.reth) this.write = { va: pkt.reth.va, rkey: pkt.reth.rkey, resid: pkt.reth.dmaLength, length: pkt.reth.dmaLength };
-      const w = this.write;
-      if (!w) return fatalVerdict(NAK_CODE.INVALID_REQUEST, 'REM_INV_REQ_ERR', 'invalidRequest', 'WRITE continuation without a WRITE in progress');
-      if (w.length === 0 && pkt.reth) return undefined; // a zero-length WRITE needs no valid R_Key (9.4.4)
-      const r = ctx.mrs.remote(ctx.pd, w.rkey, ACCESS.REMOTE_WRITE, w.va, w.resid);
-      if (!r.ok) return this.rkeyFault(ctx, `WRITE ${r.fault} rkey=0x${w.rkey.toString(16)}`);
-      // Where this packet's payload goes; `execute` runs next for the same packet, nothing between
-      // can change the region, so it need not look it up (and do the BigInt bounds arithmetic) again.
-      this.writeMr = r.mr;
-      this.writeOff = r.offset;
+      const reth = pkt.reth;
+      if (reth) {
+        this.writing = true;
+        this.writeRkey = reth.rkey;
+        this.writeLength = reth.dmaLength;
+        this.writeResid = reth.dmaLength;
+        this.writeMr = undefined;
+        this.writeOff = 0;
+        if (reth.dmaLength === 0) return undefined; // a zero-length WRITE needs no valid R_Key (9.4.4)
+        const r = ctx.mrs.remote(ctx.pd, reth.rkey, ACCESS.REMOTE_WRITE, reth.va, reth.dmaLength);
+        if (!r.ok) return this.rkeyFault(ctx, `WRITE ${r.fault} rkey=0x${reth.rkey.toString(16)}`);
+        this.writeMr = r.mr;
+        this.writeOff = r.offset;
+      } else {
+        if (!this.writing) return fatalVerdict(NAK_CODE.INVALID_REQUEST, 'REM_INV_REQ_ERR', 'invalidRequest', 'WRITE continuation without a WRITE in progress');
+        // The range was checked whole at the first packet; what may have changed since is the key:
+        // the region deregistered, or its R_Key invalidated (a SEND with Invalidate between).
+        const mr = this.writeMr;
+        if (mr !== undefined && (mr.deregistered || mr.rkeyInvalidated)) {
+          return this.rkeyFault(ctx, `WRITE ${mr.deregistered ? 'noKey' : 'invalidated'} rkey=0x${this.writeRkey.toString(16)}`);
+        }
+      }
       const mtu = ctx.attrs.pathMtu;
       const n = pkt.payload.length;
-      if (w.resid > mtu ? n !== mtu : n !== w.resid) {
-        if (ctx.type === 'RC') return fatalVerdict(NAK_CODE.INVALID_REQUEST, 'REM_INV_REQ_ERR', 'badLength', `WRITE payload ${n}, ${w.resid} left`);
+      const resid = this.writeResid;
+      if (resid > mtu ? n !== mtu : n !== resid) {
+        if (ctx.type === 'RC') return fatalVerdict(NAK_CODE.INVALID_REQUEST, 'REM_INV_REQ_ERR', 'badLength', `WRITE payload ${n}, ${resid} left`);
         this.dropMsg = true;
         return { v: 'drop', counter: 'badLength', abandon: true };
       }
@@ -418,16 +445,14 @@ export class Responder {
         break;
       }
       case 'write': {
-        const w = this.write!;
         const n = pkt.payload.length;
         if (n > 0) {
           const mr = this.writeMr;
           if (mr === undefined) return this.handle(ctx, rq, pkt, info, this.rkeyFault(ctx, 'WRITE target vanished'));
           mr.buffer.set(pkt.payload, this.writeOff);
-          this.writeMr = undefined;
+          this.writeOff += n;
         }
-        w.va += BigInt(n);
-        w.resid -= n;
+        this.writeResid -= n;
         break;
       }
       case 'readRequest':
@@ -450,7 +475,7 @@ export class Responder {
     // WRITE with immediate reports the RETH length, so the WRITE state outlives its last packet
     // until the receive completion is built.
     if (info.consumesRecv && info.end) this.completeRecv(ctx, rq, pkt, info, 'SUCCESS');
-    if (info.end && info.kind === 'write') this.write = undefined;
+    if (info.end && info.kind === 'write') this.endWrite();
     // Acknowledge (9.7.4.1): RC answers packets with AckReq (the requester sets it on the last
     // packet of a message and every MAX_PKT_PER_ACK); the answers to one receive batch are
     // coalesced into the last one (see `ackPending`).
@@ -475,7 +500,7 @@ export class Responder {
       status,
       opcode: isWriteImm ? 'RECV_RDMA_WITH_IMM' : 'RECV',
       vendorErr: 0,
-      byteLen: status !== 'SUCCESS' ? 0 : isWriteImm ? (this.write?.length ?? 0) : (r?.offset ?? 0),
+      byteLen: status !== 'SUCCESS' ? 0 : isWriteImm ? (this.writing ? this.writeLength : 0) : (r?.offset ?? 0),
       qpNum: ctx.qpn,
       srcQp: pkt.deth?.srcQp ?? 0,
       wcFlags: 0,

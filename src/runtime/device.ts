@@ -100,9 +100,12 @@ export class Device {
   private armedAt = Infinity;
   // QPs to run on the next turn, each once (`qp.queued`): an array and a flag on the QP rather than
   // a Set, whose hashing read one more cold line of every QP and whose table was rebuilt after each
-  // run's clear. The two arrays swap, so QPs made ready during a run wait for the next one.
-  private ready: QueuePair[] = [];
-  private spare: QueuePair[] = [];
+  // run's clear. The two arrays swap, so QPs made ready during a run wait for the next one. Each
+  // keeps its count apart and is emptied slot by slot: setting an array's length to 0 frees its
+  // backing store, and the next run's pushes allocated it again, twice per receive batch.
+  private ready: (QueuePair | undefined)[] = [];
+  private readyN = 0;
+  private spare: (QueuePair | undefined)[] = [];
   private runPending = false;
   private nextQpn = FIRST_QPN;
   private nextHandle = 1;
@@ -251,10 +254,10 @@ export class Device {
       // deadline again; an early wake-up is a no-op poll that re-arms for the real deadline.
       qp.queued = true;
       if (post) {
-        this.postedQps.push(qp);
-        if (this.postedQps.length === 1) queueMicrotask(this.postRunTask);
+        this.postedQps[this.postedN++] = qp;
+        if (this.postedN === 1) queueMicrotask(this.postRunTask);
       } else {
-        this.ready.push(qp);
+        this.ready[this.readyN++] = qp;
         this.deferRun();
       }
       return;
@@ -285,12 +288,15 @@ export class Device {
   // Posted QPs wait in a queue of their own: the microtask runs only them. The ready queue may hold a
   // QP whose ACK deadline passed on this turn's timers; it must run after the turn has read its
   // input (QueuePair.poll: a response already waiting counts), not before.
-  private postedQps: QueuePair[] = [];
-  private postedSpare: QueuePair[] = [];
+  private postedQps: (QueuePair | undefined)[] = [];
+  private postedN = 0;
+  private postedSpare: (QueuePair | undefined)[] = [];
   private readonly postRunTask = (): void => {
     const batch = this.postedQps;
+    const n = this.postedN;
     this.postedQps = this.postedSpare;
-    this.runBatch(batch);
+    this.postedN = 0;
+    this.runBatch(batch, n);
     this.postedSpare = batch;
   };
 
@@ -351,9 +357,10 @@ export class Device {
    */
   private answerBatch(last: boolean): void {
     const ready = this.ready;
-    if (last && this.runPending && ready.length <= DEFER_ACK_MAX_QPS) {
+    const n = this.readyN;
+    if (last && this.runPending && n <= DEFER_ACK_MAX_QPS) {
       let ackOnly = true;
-      for (let i = 0; i < ready.length && ackOnly; i++) {
+      for (let i = 0; i < n && ackOnly; i++) {
         const qp = ready[i]!;
         ackOnly = !qp.queued || qp.onlyAckDue();
       }
@@ -369,25 +376,28 @@ export class Device {
 
   /** Runs every QP that is ready, once: the queue is swapped for an empty one, so QPs made ready meanwhile wait for the next run. */
   private runReady(): void {
+    const n = this.readyN;
+    if (n === 0) return;
     const batch = this.ready;
-    if (batch.length === 0) return;
     this.ready = this.spare;
-    this.runBatch(batch);
+    this.readyN = 0;
+    this.runBatch(batch, n);
     this.spare = batch;
   }
 
-  private runBatch(batch: QueuePair[]): void {
+  /** Runs the first `n` QPs of `batch` and empties their slots. */
+  private runBatch(batch: (QueuePair | undefined)[], n: number): void {
     // One clock reading for the batch: with one message per QP a reading per QP was a tenth of the
     // run's cost. The QPs see the time the batch started; a deadline that passes during the batch
     // is armed instead of run at once (see kick).
     const now = this.clock.now();
-    for (let i = 0; i < batch.length; i++) {
+    for (let i = 0; i < n; i++) {
       const qp = batch[i]!;
+      batch[i] = undefined;
       if (!qp.queued) continue; // destroyed since
       qp.queued = false;
       this.runQp(qp, now);
     }
-    batch.length = 0;
   }
 
   private runQp(qp: QueuePair, now: number = this.clock.now()): void {
@@ -517,18 +527,19 @@ export class Device {
   async close(): Promise<void> {
     if (this.closed) return;
     // Coalesced ACKs still waiting for the end of the receive batch go out before the link closes.
-    for (const qp of this.ready) if (qp.queued) qp.responder.flushAck(qp);
-    for (const qp of this.postedQps) if (qp.queued) qp.responder.flushAck(qp);
+    const waiting = [...this.ready.slice(0, this.readyN), ...this.postedQps.slice(0, this.postedN)] as QueuePair[];
+    for (const qp of waiting) if (qp.queued) qp.responder.flushAck(qp);
     this.closed = true;
     this.gsi.close();
     this.armed?.cancel();
     this.armed = undefined;
     for (const qp of this.deadlines.values()) qp.timerAt = -1;
     this.deadlines.clear();
-    for (const qp of this.ready) qp.queued = false;
-    for (const qp of this.postedQps) qp.queued = false;
-    this.ready.length = 0;
-    this.postedQps.length = 0;
+    for (const qp of waiting) qp.queued = false;
+    this.ready.fill(undefined);
+    this.postedQps.fill(undefined);
+    this.readyN = 0;
+    this.postedN = 0;
     await this.link.close();
   }
 }
