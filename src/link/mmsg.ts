@@ -86,8 +86,16 @@ const RX_BUDGET = 4 * BATCH;
  * processed: the two ends took turns instead of working at once.
  */
 const ANSWER_EVERY = 32;
-/** Messages per `recvmmsg` when they can be GRO trains of up to 64 datagrams each. */
-const GRO_BATCH = 16;
+/**
+ * About what one `recvmmsg` should read when its messages can be GRO trains (up to 64 KiB each): one
+ * answer's worth at path MTU 4096. The kernel copies all of a call's messages before the first is
+ * delivered, so nothing is answered until then. A fixed 16 messages was up to a megabyte, more than the
+ * peer's whole window in the QP scale workload (128 WRITEs of 4 KiB): the busier this end got, the
+ * more each call read and the longer the peer waited for its ACKs (bench/README.md).
+ */
+const RX_CALL_BYTES = 128 * 1024;
+/** Messages per GRO `recvmmsg`, at the least; at most `BATCH`, which small messages (ACK trains, lone datagrams) reach. */
+const GRO_MIN_BATCH = 2;
 
 const isLittleEndian = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1;
 
@@ -415,10 +423,11 @@ export class TxRing {
 export type RxDeliver = (datagram: Uint8Array, srcAddr: Uint8Array, srcPort: number, truncated: boolean, k: number, verdict: number) => void;
 
 /**
- * Judges every datagram of a batch at once, before any is delivered (`verifyReceived` in
- * `src/wire/icrc.ts`): `mem` is the ring's memory, `desc` holds 4 words per message (offset of its bytes
- * in `mem`, length, the length it is cut at, offset of its sockaddr), and `out[j]` gets the j-th
- * datagram's word. Returns how many datagrams it judged (0: none, each is checked on delivery).
+ * Judges every datagram of `messages` messages of a batch at once, before any of them is delivered
+ * (`verifyReceived` in `src/wire/icrc.ts`): `mem` is the ring's memory, `desc` holds 4 words per
+ * message from the first of them on (offset of its bytes in `mem`, length, the length it is cut at,
+ * offset of its sockaddr), and `out[j]` gets the j-th datagram's word. Returns how many datagrams it
+ * judged (0: none, each is checked on delivery).
  */
 export type RxVerify = (mem: Uint8Array, desc: Int32Array, messages: number, out: Int32Array) => number;
 
@@ -445,8 +454,12 @@ export class RxRing {
   /** The ring's memory, and each message's place in it as `verify` takes it (`RxVerify`). */
   private readonly bytes: Uint8Array;
   private readonly desc = new Int32Array(4 * BATCH);
-  /** The most datagrams a batch holds: `GRO_BATCH` trains of the most segments, or `BATCH` alone. */
-  private readonly verdicts = new Int32Array(Math.max(BATCH, GRO_BATCH * GRO_MAX_SEGMENTS));
+  /** `desc` from message i on, for each i: a chunk of the batch is judged from where it starts. */
+  private readonly descFrom: Int32Array[] = [];
+  /** The most datagrams a chunk holds (see `drain`): fewer than ANSWER_EVERY, then one more message. */
+  private readonly verdicts = new Int32Array(ANSWER_EVERY + GRO_MAX_SEGMENTS);
+  /** Messages the next GRO `recvmmsg` asks for: RX_CALL_BYTES at the last call's mean message size. */
+  private groWant = GRO_MIN_BATCH;
 
   constructor(
     private readonly ffi: BatchIoFfi,
@@ -491,6 +504,7 @@ export class RxRing {
       this.names.push(new Uint8Array(this.mem.view, name + (family === 4 ? 4 : 8), family === 4 ? 4 : 16));
       this.desc[4 * i] = slot;
       this.desc[4 * i + 3] = name;
+      this.descFrom.push(this.desc.subarray(4 * i));
     }
     // koffi calls this outside any node callback scope, so promise reactions and microtasks queued
     // by what the datagrams trigger (completions awaited by the application, the send flush) would
@@ -536,7 +550,7 @@ export class RxRing {
     let budget = RX_BUDGET;
     while (!this.closed && budget > 0) {
       const gro = this.gro;
-      const want = gro ? GRO_BATCH : BATCH;
+      const want = gro ? this.groWant : BATCH;
       // Only the headers recvmmsg may fill: with GRO a quarter of them.
       for (let i = 0; i < want; i++) {
         dv.setUint32(i * MMSG + OFF_NAMELEN, nameLen, isLittleEndian);
@@ -549,8 +563,9 @@ export class RxRing {
       this.before();
       const nameOff = BATCH * (MMSG + IOV);
       // Each message's length and the length it is cut at: a GRO train into its datagrams, anything
-      // else is one datagram (`step` = its length). Then every datagram is judged in one call.
+      // else is one datagram (`step` = its length).
       const desc = this.desc;
+      let bytes = 0;
       for (let i = 0; i < r; i++) {
         const m = i * MMSG;
         const len = dv.getUint32(m + OFF_LEN, isLittleEndian);
@@ -558,14 +573,36 @@ export class RxRing {
         const seg = gro ? this.segmentSize(i) : 0;
         desc[4 * i + 1] = len;
         desc[4 * i + 2] = seg > 0 && seg < len && !truncated ? seg : len;
+        bytes += len;
       }
-      const judged = this.verify !== undefined ? this.verify(this.bytes, desc, r, this.verdicts) : 0;
-      let j = 0;
+      if (gro) this.groWant = Math.min(BATCH, Math.max(GRO_MIN_BATCH, Math.floor((RX_CALL_BYTES * r) / Math.max(1, bytes))));
+      // The datagrams are judged a chunk at a time, each chunk just before it is delivered (about
+      // ANSWER_EVERY datagrams: one native call each, and the answer that follows it): its bytes are
+      // then still in cache when the engines copy them out, and the first answers leave without
+      // waiting for the rest of the batch to be read. Judging a whole batch first (up to a megabyte
+      // of GRO trains) read it all once before any of it was used, and held every answer back.
+      const verify = this.verify;
+      let judgedTo = verify !== undefined ? 0 : r;
+      let v = 0;
+      let judged = 0;
       let since = 0;
       for (let i = 0; i < r && !this.closed; i++) {
         const m = i * MMSG;
         const len = desc[4 * i + 1]!;
         const step = desc[4 * i + 2]!;
+        if (i === judgedTo) {
+          let k = i;
+          let count = 0;
+          while (k < r && count < ANSWER_EVERY) {
+            const n = desc[4 * k + 1]!;
+            const st = desc[4 * k + 2]!;
+            count += n === 0 || st === 0 ? 1 : Math.ceil(n / st);
+            k++;
+          }
+          judged = verify!(this.bytes, this.descFrom[i]!, k - i, this.verdicts);
+          judgedTo = k;
+          v = 0;
+        }
         const truncated = (dv.getInt32(m + OFF_FLAGS, isLittleEndian) & MSG_TRUNC) !== 0;
         const port = dv.getUint16(nameOff + i * SOCKADDR + 2, false);
         if (step < len) this.onTrain?.();
@@ -573,8 +610,8 @@ export class RxRing {
         let k = 0;
         do {
           const end = Math.min(o + step, len);
-          this.deliver(this.view(i, k, o, end - o), this.names[i]!, port, truncated, k, j < judged ? this.verdicts[j]! : -1);
-          j++;
+          this.deliver(this.view(i, k, o, end - o), this.names[i]!, port, truncated, k, v < judged ? this.verdicts[v]! : -1);
+          v++;
           k++;
           o = end;
           budget--;

@@ -417,7 +417,7 @@ t.test('batched path, UDP_GRO: trains arrive whole and are cut into their datagr
   t.equal(without.counters.groTrains, 0);
 });
 
-t.test('batched path: a batch\'s ICRCs are checked in one call, not where a receive hook may change the bytes first', async (t) => {
+t.test('batched path: a batch\'s ICRCs are checked with it, not where a receive hook may change the bytes first', async (t) => {
   const a = await open('127.0.0.1');
   const b = await open('127.0.0.1');
   const got = recorder(b);
@@ -443,6 +443,39 @@ t.test('batched path: a batch\'s ICRCs are checked in one call, not where a rece
   await burst(50, 10, 'ten more');
   t.equal(got.length, 50);
   t.equal(b.counters.batchChecked - probe, 50 * perBatch, 'checked with their batch again');
+});
+
+t.test('batched path: a batch of trains, good and bad, is judged a chunk at a time, each verdict with its own datagram', async (t) => {
+  const a = await open('127.0.0.1');
+  const c = await open('127.0.0.1', { icrcGenerate: false }); // its datagrams carry ICRC 0: bad
+  const b = await open('127.0.0.1');
+  const got = recorder(b);
+  const probe = b.counters.batchChecked;
+  const perBatch = icrcImplementation === 'addon' ? 1 : 0;
+  // Trains of several sizes from both senders, all sent in one stretch so that the receiver reads
+  // them as one batch of messages (or a few), longer than a chunk: 40 and 50 segments, and shorter
+  // trains that a chunk groups with the next message.
+  const good: number[] = [];
+  const plan: [UdpLink, number, number][] = [[a, 40, 1000], [c, 20, 500], [a, 10, 64], [c, 5, 200], [a, 50, 64], [c, 3, 300], [a, 7, 600], [c, 33, 100]];
+  let psn = 0;
+  let bad = 0;
+  for (const [from, n, size] of plan) {
+    for (let i = 0; i < n; i++, psn++) {
+      if (from === a) {
+        a.send(b.local, a.local.port, sendOnly(psn, new Uint8Array(size).fill(psn & 0xff)));
+        good.push(psn);
+      } else {
+        c.send(b.local, c.local.port, [...sendOnly(psn, new Uint8Array(size)), new Uint8Array(4)]);
+        bad++;
+      }
+    }
+  }
+  await until(() => got.length + b.drops.badIcrc === psn, 5000, `${psn} datagrams`);
+  t.equal(b.drops.badIcrc, bad, `each of the ${bad} bad datagrams dropped`);
+  t.same(got.map((r) => psnOf(r.payload)).sort((x, y) => x - y), good, `each of the ${good.length} good ones delivered`);
+  t.ok(got.every((r) => r.meta.icrc === 'ok' && r.payload[12] === (psnOf(r.payload) & 0xff)), 'each ok, with its own bytes');
+  t.equal(b.counters.batchChecked - probe, psn * perBatch, `all judged with their batch (${icrcImplementation})`);
+  t.ok(b.counters.groTrains > 1, `read as trains (${b.counters.groTrains})`);
 });
 
 t.test('batched path: the receive-batch hook (where the device answers) runs after at most 32 datagrams', async (t) => {
