@@ -145,6 +145,57 @@ t.test('checkRkey (class C, NAK Remote Access Error)', async (t) => {
   t.equal(syn(h.take()[0]!), nakSyndrome(NAK_CODE.INVALID_REQUEST), 'misaligned atomic: Invalid Request (rxe)');
 });
 
+t.test('a WRITE of several packets: each lands after the last, the R_Key checked whole at the first; revoked between packets → NAK Remote Access Error', async (t) => {
+  const MTU = 256;
+  const body = pattern(3 * MTU - 56);
+  const write = (h: EngineHarness, va: bigint, rkey: number, upTo: 'FIRST' | 'MIDDLE' | 'LAST', before?: (i: number) => void): void => {
+    const ops = ['RC_RDMA_WRITE_FIRST', 'RC_RDMA_WRITE_MIDDLE', 'RC_RDMA_WRITE_LAST'] as const;
+    for (let i = 0; i < 3; i++) {
+      before?.(i);
+      const first = i === 0;
+      h.send({
+        bth: bth(ops[i]!, E + i, { ackReq: i === 2 }),
+        ...(first ? { reth: { va, rkey, dmaLength: body.length } } : {}),
+        payload: body.subarray(i * MTU, Math.min(body.length, (i + 1) * MTU)),
+      });
+      if (ops[i]!.endsWith(upTo)) return;
+    }
+  };
+  {
+    const h = new EngineHarness('RC');
+    const mr = h.mr(1024);
+    write(h, mr.va(100), mr.rkey, 'LAST');
+    const out = h.take();
+    t.same(h.names(out), [`ACKNOWLEDGE@${E + 2}`], 'one ACK, for the LAST');
+    t.equal(out[0]!.aeth!.msn, 1, 'one message');
+    t.same(mr.buffer.subarray(100, 100 + body.length), body, 'the three packets in order, at the RETH\'s VA');
+    t.ok(mr.buffer.subarray(0, 100).every((x) => x === 0) && mr.buffer.subarray(100 + body.length).every((x) => x === 0), 'nothing around it');
+  }
+  {
+    // The whole message must fit at the first packet: its last byte past the region is refused there.
+    const h = new EngineHarness('RC');
+    const mr = h.mr(1024);
+    write(h, mr.va(1024 - body.length + 1), mr.rkey, 'FIRST');
+    t.equal(syn(h.take()[0]!), nakSyndrome(NAK_CODE.REMOTE_ACCESS_ERROR), 'a message one byte past the region: NAKed at its FIRST');
+    t.ok(mr.buffer.every((x) => x === 0), 'nothing written');
+  }
+  for (const [why, revoke] of [
+    ['deregistered', (h: EngineHarness, mr: ReturnType<EngineHarness['mr']>) => h.mrs.deregister(mr)],
+    ['R_Key invalidated', (h: EngineHarness, mr: ReturnType<EngineHarness['mr']>) => t.ok(h.mrs.invalidate(h.pd, mr.rkey))],
+  ] as const) {
+    const h = new EngineHarness('RC');
+    const mr = h.mr(1024);
+    write(h, mr.va(0), mr.rkey, 'LAST', (i) => {
+      if (i === 2) revoke(h, mr);
+    });
+    const out = h.take();
+    t.equal(syn(out[out.length - 1]!), nakSyndrome(NAK_CODE.REMOTE_ACCESS_ERROR), `${why} before the LAST: NAK Remote Access Error`);
+    t.equal(h.qp.state, 'ERR', `${why}: QP to ERR`);
+    t.same(mr.buffer.subarray(0, 2 * MTU), body.subarray(0, 2 * MTU), `${why}: FIRST and MIDDLE landed`);
+    t.ok(mr.buffer.subarray(2 * MTU).every((x) => x === 0), `${why}: the LAST did not`);
+  }
+});
+
 t.test('READ: response packets, then a duplicate READ is re-executed from its PSN', async (t) => {
   const h = new EngineHarness('RC');
   const mr = h.mr(pattern(600, 9));
