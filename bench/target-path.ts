@@ -33,8 +33,26 @@ const BATCH = 32;
 const SLOTS = 64;
 const OP_RC_RDMA_WRITE_ONLY = 0x0a;
 
-/** One process, one tree, one QP count: ns per packet over `ms`, after a warm-up. */
-async function child(tree: string, n: number, ms: number): Promise<void> {
+/** A device over a stub link, built from one tree's modules (see the file comment), and N RC QPs in RTS. */
+export interface StubSide {
+  v: typeof Verbs;
+  ctx: Verbs.Context;
+  cq: Verbs.Cq;
+  mr: ReturnType<typeof Verbs.regMr>;
+  qps: Verbs.Qp[];
+  /** The device's receive handler and its batch-end hook, as the stub link was given them. */
+  rx: LinkRxHandler;
+  answer: (last: boolean) => void;
+  /** Writes the ICRCs of what is queued, as the batched link's flush does. */
+  flush: () => void;
+  /** Datagrams sent so far. */
+  sent: () => number;
+  /** The peer the QPs are connected to. */
+  peer: PeerAddress;
+}
+
+/** Opens a device over the stub link with `n` RC QPs connected to QPNs 0x100 + i; `onSend` sees each datagram's first part. */
+export async function stubSide(tree: string, n: number, onSend?: (head: Uint8Array) => void): Promise<StubSide> {
   const dist = pathToFileURL(resolve(tree, 'dist/src')).href;
   const v = (await import(`${dist}/api/verbs.js`)) as typeof Verbs;
   const { icrcOfUdpPayload, IcrcFlowKey } = (await import(`${dist}/wire/icrc.js`)) as typeof Icrc;
@@ -61,6 +79,7 @@ async function child(tree: string, n: number, ms: number): Promise<void> {
     local: self,
     drops: { badIcrc: 0, tooShort: 0, notRoce: 0, injectedLoss: 0, sendError: 0, closed: 0 },
     send(_dst, _srcPort, parts) {
+      onSend?.(parts[0]!);
       let len = 4;
       for (let i = 0; i < parts.length; i++) len += parts[i]!.length;
       if (tail + len > ring.length) tail = 0;
@@ -97,18 +116,24 @@ async function child(tree: string, n: number, ms: number): Promise<void> {
   const pd = v.allocPd(ctx);
   const cq = v.createCq(ctx, { cqe: 256 });
   const mr = v.regMr(pd, new Uint8Array(SIZE), 0x7);
-  const qpns = new Int32Array(n);
-  const cap = { maxSendWr: 16, maxRecvWr: 16, maxSendSge: 1, maxRecvSge: 1, maxInlineData: 0 };
+  // The default caps, as the QP scale bench's QPs have.
+  const cap = {};
+  const qps: Verbs.Qp[] = [];
   for (let i = 0; i < n; i++) {
     const qp = v.createQp(pd, { type: 'RC', sendCq: cq, recvCq: cq, sqSigAll: true, cap });
     v.modifyQp(qp, { qpState: 'INIT', pkeyIndex: 0, portNum: 1, qpAccessFlags: 0x7 });
     v.modifyQp(qp, { qpState: 'RTR', ahAttr: peer, pathMtu: 4096, destQpNum: 0x100 + i, rqPsn: 0, maxDestRdAtomic: 16, minRnrTimer: 1 });
     v.modifyQp(qp, { qpState: 'RTS', sqPsn: 0, timeout: 14, retryCnt: 7, rnrRetry: 7, maxRdAtomic: 16 });
-    qpns[i] = qp.qpNum;
+    qps.push(qp);
   }
   if (handler === undefined || batchEnd === undefined) throw new Error('the device did not register its receive handlers');
-  const rx = handler;
-  const answer = batchEnd;
+  return { v, ctx, cq, mr, qps, rx: handler, answer: batchEnd, flush, sent: () => sent, peer };
+}
+
+/** One process, one tree, one QP count: ns per packet over `ms`, after a warm-up. */
+async function child(tree: string, n: number, ms: number): Promise<void> {
+  const { ctx, mr, qps, rx, answer, flush, sent: sentCount, peer } = await stubSide(tree, n);
+  const qpns = Int32Array.from(qps, (q) => q.qpNum);
   const slots: Uint8Array[] = [];
   for (let s = 0; s < SLOTS; s++) {
     const b = new Uint8Array(12 + 16 + SIZE + 4);
@@ -154,7 +179,7 @@ async function child(tree: string, n: number, ms: number): Promise<void> {
     return packets;
   };
   runFor(Math.min(400, ms));
-  const sent0 = sent;
+  const sent0 = sentCount();
   const c0 = ctx.device.snapshot();
   const t0 = performance.now();
   const packets = runFor(ms);
@@ -162,21 +187,25 @@ async function child(tree: string, n: number, ms: number): Promise<void> {
   const c1 = ctx.device.snapshot();
   // Every packet must have been accepted and answered: one ACK per batch with one QP, one per packet with many.
   const executed = c1.rcvdPkts - c0.rcvdPkts;
-  const acks = sent - sent0;
+  const acks = sentCount() - sent0;
   if (executed !== packets || acks < packets / BATCH || (n >= BATCH && acks !== packets)) {
     throw new Error(`target-path: ${packets} packets fed, ${executed} accepted, ${acks} ACKs`);
   }
   process.stdout.write(`${JSON.stringify({ nsPerPacket: ((t1 - t0) * 1e6) / packets, packets })}\n`);
 }
 
-function parent(trees: string[], counts: number[], rounds: number, ms: number): void {
-  const me = fileURLToPath(import.meta.url);
+/**
+ * Runs `script --child TREE --qps N --ms MS` for every round, tree and QP count, each a fresh process
+ * pinned to CPU 1 where it can be, and prints the medians (`what` names the workload). A child prints
+ * `{ nsPerPacket }` as its last line. Shared with `initiator-path.ts`.
+ */
+export function runPaired(script: string, what: string, trees: string[], counts: number[], rounds: number, ms: number): void {
   const pin = canPin(1);
   const got = new Map<string, number[]>();
   for (let r = 0; r < rounds; r++) {
     for (const tree of trees) {
       for (const n of counts) {
-        const args = [me, '--child', tree, '--qps', String(n), '--ms', String(ms)];
+        const args = [script, '--child', tree, '--qps', String(n), '--ms', String(ms)];
         const out = pin ? execFileSync('taskset', ['-c', '1', process.execPath, ...args]) : execFileSync(process.execPath, args);
         const { nsPerPacket } = JSON.parse(out.toString().trim().split('\n').pop()!) as { nsPerPacket: number };
         const key = `${tree}\t${n}`;
@@ -186,7 +215,7 @@ function parent(trees: string[], counts: number[], rounds: number, ms: number): 
     }
   }
   const at = (tree: string, n: number): number[] => got.get(`${tree}\t${n}`)!;
-  console.log(`${rounds} rounds of ${ms} ms${pin ? ', pinned to CPU 1' : ''}; WRITE ONLY ${SIZE} B with AckReq, batches of ${BATCH}; ns per packet`);
+  console.log(`${rounds} rounds of ${ms} ms${pin ? ', pinned to CPU 1' : ''}; ${what}; ns per packet`);
   for (const tree of trees) {
     const one = counts.includes(1) ? at(tree, 1) : undefined;
     for (const n of counts) {
@@ -207,18 +236,26 @@ function parent(trees: string[], counts: number[], rounds: number, ms: number): 
   }
 }
 
-const { values, positionals } = parseArgs({
-  allowPositionals: true,
-  options: {
-    child: { type: 'string' },
-    qps: { type: 'string', default: '1,10000' },
-    rounds: { type: 'string', default: '7' },
-    ms: { type: 'string', default: '800' },
-  },
-});
-if (values.child !== undefined) {
-  await child(values.child, Number(values.qps), Number(values.ms));
-} else {
-  const trees = positionals.length > 0 ? positionals.map((t) => resolve(t)) : [resolve(dirname(fileURLToPath(import.meta.url)), '../..')];
-  parent(trees, values.qps.split(',').map(Number), Number(values.rounds), Number(values.ms));
+/** The command line both harnesses take: `--child TREE` in a child, else `[--qps] [--rounds] [--ms] [TREE ...]`. */
+export async function pathMain(script: string, what: string, child: (tree: string, n: number, ms: number) => Promise<void>): Promise<void> {
+  const { values, positionals } = parseArgs({
+    allowPositionals: true,
+    options: {
+      child: { type: 'string' },
+      qps: { type: 'string', default: '1,10000' },
+      rounds: { type: 'string', default: '7' },
+      ms: { type: 'string', default: '800' },
+    },
+  });
+  if (values.child !== undefined) {
+    await child(values.child, Number(values.qps), Number(values.ms));
+  } else {
+    const trees = positionals.length > 0 ? positionals.map((t) => resolve(t)) : [resolve(dirname(script), '../..')];
+    runPaired(script, what, trees, values.qps.split(',').map(Number), Number(values.rounds), Number(values.ms));
+  }
+}
+
+const me = fileURLToPath(import.meta.url);
+if (process.argv[1] !== undefined && resolve(process.argv[1]) === me) {
+  await pathMain(me, `WRITE ONLY ${SIZE} B with AckReq, batches of ${BATCH}`, child);
 }
