@@ -86,16 +86,8 @@ const RX_BUDGET = 4 * BATCH;
  * processed: the two ends took turns instead of working at once.
  */
 const ANSWER_EVERY = 32;
-/**
- * About what one `recvmmsg` should read when its messages can be GRO trains (up to 64 KiB each): one
- * answer's worth at path MTU 4096. The kernel copies all of a call's messages before the first is
- * delivered, so nothing is answered until then. A fixed 16 messages was up to a megabyte, more than the
- * peer's whole window in the QP scale workload (128 WRITEs of 4 KiB): the busier this end got, the
- * more each call read and the longer the peer waited for its ACKs (bench/README.md).
- */
-const RX_CALL_BYTES = 128 * 1024;
-/** Messages per GRO `recvmmsg`, at the least; at most `BATCH`, which small messages (ACK trains, lone datagrams) reach. */
-const GRO_MIN_BATCH = 2;
+/** Messages per `recvmmsg` when they can be GRO trains of up to 64 datagrams each. */
+const GRO_BATCH = 16;
 
 const isLittleEndian = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1;
 
@@ -458,8 +450,6 @@ export class RxRing {
   private readonly descFrom: Int32Array[] = [];
   /** The most datagrams a chunk holds (see `drain`): fewer than ANSWER_EVERY, then one more message. */
   private readonly verdicts = new Int32Array(ANSWER_EVERY + GRO_MAX_SEGMENTS);
-  /** Messages the next GRO `recvmmsg` asks for: RX_CALL_BYTES at the last call's mean message size. */
-  private groWant = GRO_MIN_BATCH;
 
   constructor(
     private readonly ffi: BatchIoFfi,
@@ -550,7 +540,7 @@ export class RxRing {
     let budget = RX_BUDGET;
     while (!this.closed && budget > 0) {
       const gro = this.gro;
-      const want = gro ? this.groWant : BATCH;
+      const want = gro ? GRO_BATCH : BATCH;
       // Only the headers recvmmsg may fill: with GRO a quarter of them.
       for (let i = 0; i < want; i++) {
         dv.setUint32(i * MMSG + OFF_NAMELEN, nameLen, isLittleEndian);
@@ -565,7 +555,6 @@ export class RxRing {
       // Each message's length and the length it is cut at: a GRO train into its datagrams, anything
       // else is one datagram (`step` = its length).
       const desc = this.desc;
-      let bytes = 0;
       for (let i = 0; i < r; i++) {
         const m = i * MMSG;
         const len = dv.getUint32(m + OFF_LEN, isLittleEndian);
@@ -573,9 +562,7 @@ export class RxRing {
         const seg = gro ? this.segmentSize(i) : 0;
         desc[4 * i + 1] = len;
         desc[4 * i + 2] = seg > 0 && seg < len && !truncated ? seg : len;
-        bytes += len;
       }
-      if (gro) this.groWant = Math.min(BATCH, Math.max(GRO_MIN_BATCH, Math.floor((RX_CALL_BYTES * r) / Math.max(1, bytes))));
       // The datagrams are judged a chunk at a time, each chunk just before it is delivered (about
       // ANSWER_EVERY datagrams: one native call each, and the answer that follows it): its bytes are
       // then still in cache when the engines copy them out, and the first answers leave without
