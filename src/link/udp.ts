@@ -228,7 +228,7 @@ export interface UdpLinkCounters {
   spilled: number;
   /** Batched path with `gro`: messages that arrived as a coalesced train and were cut here. */
   groTrains: number;
-  /** Batched path: datagrams whose ICRC was checked with the rest of their batch, in one native call. */
+  /** Batched path: datagrams whose ICRC was checked with the rest of their chunk of a batch, in one native call. */
   batchChecked: number;
 }
 
@@ -668,7 +668,7 @@ export class UdpLink implements WireLink {
       },
       gro,
       () => this.counters.groTrains++,
-      // Every ICRC of a batch in one call, unless a receive hook may change the datagrams first.
+      // The ICRCs of a batch's chunk in one call, unless a receive hook may change the datagrams first.
       (mem, desc, messages, out) => {
         if (this.rxHook !== undefined) return 0;
         const judged = verifyReceived(this.caps.family, this.localAddr, port, this.opts.icrcVerify, mem, desc, messages, out);

@@ -623,8 +623,8 @@ export function verifyIcrc(info: UdpDatagramInfo, udpPayload: Uint8Array, mode: 
 }
 
 /**
- * The verdicts on every datagram of a `recvmmsg` batch in one native call (`UdpLink`'s batched receive
- * path; `src/link/mmsg.ts`, `RxRing`), where `verifyIcrc` or `verifyIcrc6` is one call per datagram and
+ * The verdicts on every datagram of some messages of a `recvmmsg` batch in one native call (`UdpLink`'s
+ * batched receive path; `src/link/mmsg.ts`, `RxRing`, which hands it a chunk at a time), where `verifyIcrc` or `verifyIcrc6` is one call per datagram and
  * the call was a third of a check at path MTU 1024. `mem` holds the batch; `desc` 4 words per message:
  * the offset of its bytes in `mem`, its length, the length it is cut at (a GRO train's segment size, 0
  * or its length otherwise), and the offset of its source's `sockaddr_in` or `sockaddr_in6`. The flow's
