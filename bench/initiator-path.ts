@@ -14,6 +14,7 @@
  */
 
 import { fileURLToPath } from 'node:url';
+import { readU24, writeU24 } from '../src/wire/bytes.js';
 import { pathMain, stubSide } from './target-path.js';
 
 const SIZE = 4096;
@@ -43,8 +44,8 @@ async function child(tree: string, n: number, ms: number): Promise<void> {
       return;
     }
     const at = sentTail++ & (RING - 1);
-    sentQp[at] = ((h[5]! << 16) | (h[6]! << 8) | h[7]!) - PEER_QPN_BASE;
-    sentPsn[at] = (h[9]! << 16) | (h[10]! << 8) | h[11]!;
+    sentQp[at] = readU24(h, 5) - PEER_QPN_BASE;
+    sentPsn[at] = readU24(h, 9);
   });
   const { v, ctx, cq, mr, qps, rx, answer, flush, peer } = side;
   const qpns = Int32Array.from(qps, (q) => q.qpNum);
@@ -87,15 +88,9 @@ async function child(tree: string, n: number, ms: number): Promise<void> {
       const b = slots[s++]!;
       const qpn = qpns[q]!;
       const psn = sentPsn[i & (RING - 1)]!;
-      b[5] = qpn >>> 16;
-      b[6] = qpn >>> 8;
-      b[7] = qpn;
-      b[9] = psn >>> 16;
-      b[10] = psn >>> 8;
-      b[11] = psn;
-      b[13] = m >>> 16;
-      b[14] = m >>> 8;
-      b[15] = m;
+      writeU24(b, 5, qpn); // BTH DestQP
+      writeU24(b, 9, psn); // BTH PSN
+      writeU24(b, 13, m); // AETH MSN
       rx(b, { src: peer, icrc: 'ok', ce: false, at });
     }
     sentHead = to;

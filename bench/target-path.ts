@@ -24,6 +24,7 @@ import { parseArgs } from 'node:util';
 import type * as Verbs from '../src/api/verbs.js';
 import type { Link, LinkRxHandler, PeerAddress } from '../src/link/link.js';
 import type * as Icrc from '../src/wire/icrc.js';
+import { writeU24 } from '../src/wire/bytes.js';
 import { median } from './harness.js';
 import { canPin } from './procs.js';
 
@@ -158,12 +159,8 @@ async function child(tree: string, n: number, ms: number): Promise<void> {
       const p = psn[next]!;
       psn[next] = (p + 1) & 0xffffff;
       next = next + 1 === n ? 0 : next + 1;
-      b[5] = q >>> 16;
-      b[6] = q >>> 8;
-      b[7] = q;
-      b[9] = p >>> 16;
-      b[10] = p >>> 8;
-      b[11] = p;
+      writeU24(b, 5, q); // BTH DestQP
+      writeU24(b, 9, p); // BTH PSN
       rx(b, { src: peer, icrc: 'ok', ce: false, at });
     }
     answer(false);
