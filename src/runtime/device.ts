@@ -233,33 +233,23 @@ export class Device {
    * then armed rather than run at once, which costs a timer and not a wrong answer.
    */
   kick(qp: QueuePair, now: number = this.clock.now()): void {
-    this.update(qp, now, false);
-  }
-
-  /** `kick`, or after a post (`posted`): a QP due now joins the posted queue instead of the ready queue. */
-  private update(qp: QueuePair, now: number, post: boolean): void {
     // Flags on the QP rather than map probes: with thousands of QPs a map's entry is one more cold
     // cache line per kick. A QP in the ready queue runs on the next turn, and that run kicks it
     // again: nothing to decide before then.
     if (this.closed || !qp.attached || qp.queued) return;
     const t = qp.pollAt();
-    if (t === undefined) {
-      // Nothing to wait for: the QP's entry, if any, goes stale (free, unlike a clearTimeout), so a
-      // QP whose last message was acknowledged is not woken for its old ACK deadline.
-      qp.timerAt = -1;
-      return;
-    }
+    // Nothing to wait for (the last message was acknowledged): the QP's entry, if it has one, stays
+    // live. Its next message arms an ACK deadline later than it, which keeps it (below); when it comes
+    // up the QP polls, finds nothing due and re-arms for its real deadline. Marking it stale here meant
+    // a heap entry per message for a QP with one message in flight at a time (every QP, with thousands
+    // of them, and a ping-pong's), each popped stale later by reading the QP, cold by then.
+    if (t === undefined) return;
     if (t <= now) {
       // The entry stays: a QP with traffic becomes ready once per message and will want its ACK
       // deadline again; an early wake-up is a no-op poll that re-arms for the real deadline.
       qp.queued = true;
-      if (post) {
-        this.postedQps[this.postedN++] = qp;
-        if (this.postedN === 1) queueMicrotask(this.postRunTask);
-      } else {
-        this.ready[this.readyN++] = qp;
-        this.deferRun();
-      }
+      this.ready[this.readyN++] = qp;
+      this.deferRun();
       return;
     }
     // An entry for this deadline or an earlier one is kept: most kicks move the ACK deadline a
@@ -282,7 +272,15 @@ export class Device {
    * A virtual clock keeps its runs as scheduled events, in order.
    */
   posted(qp: QueuePair, now: number): void {
-    this.update(qp, now, !this.virtual);
+    if (this.virtual) return this.kick(qp, now);
+    // A post is work to do now, unless the requester is blocked (its window, a fence, an RNR wait,
+    // its pacing): the run's poll finds that out and its kick arms what the QP waits for. Asking
+    // `pollAt` here too read the send queue and its WQE a second time per message, and with
+    // thousands of QPs each post is to another QP.
+    if (this.closed || !qp.attached || qp.queued) return;
+    qp.queued = true;
+    this.postedQps[this.postedN++] = qp;
+    if (this.postedN === 1) queueMicrotask(this.postRunTask);
   }
 
   // Posted QPs wait in a queue of their own: the microtask runs only them. The ready queue may hold a
