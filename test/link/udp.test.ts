@@ -251,10 +251,13 @@ t.test('IPv6 over ::1: UDP_NO_CHECK6_RX read back, exact ICRC, zero-checksum sen
 });
 
 t.test("per-flow source ports: the receiver sees rxe-style ports, ICRCs valid", async (t) => {
-  const [p1, p2, p3] = await freePorts('127.0.0.1', 3);
   // No GSO trains: a strict receiver on a UDP socket assumes ID 0 for every datagram.
   const a = await open('127.0.0.1', { sourcePorts: 'per-flow', maxFlowSockets: 2, gso: false });
   const b = await open('127.0.0.1', { icrcVerify: 'strict' });
+  // Picked while both links hold their ports: a port freed before `a` bound could come back as
+  // a's own port, and a datagram asking for the bound port is no fallback.
+  const [p1, p2, p3] = await freePorts('127.0.0.1', 3);
+  t.notOk([p1, p2, p3].some((p) => p === a.local.port || p === b.local.port), 'flow ports are not the links\' ports');
   const got = recorder(b);
   a.send(b.local, p1!, sendOnly(1, new Uint8Array(4)));
   a.send(b.local, p2!, sendOnly(2, new Uint8Array(4)));
