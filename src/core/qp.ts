@@ -117,7 +117,10 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState 
   private ackExpired = false;
   /** Timeouts in a row without progress, up to MAX_ACK_BACKOFF: the timer runs 2^this × its base. */
   private ackBackoff = 0;
-  /** Smoothed time (µs) from sending a request to the response that acknowledges it; 0 until measured. */
+  /**
+   * Smoothed time (µs) from sending a request to the response that acknowledges it; 0 until
+   * measured. Kept in whole microseconds, like the deadlines it sets (see `ackTimeoutUs`).
+   */
   private srttUs = 0;
   /** The PSN being timed, first sent at `rttSentAt`, or -1 (Karn: a retry discards the sample). */
   private rttPsn = -1;
@@ -582,7 +585,7 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState 
         this.ackBackoff = 0;
         if (this.rttPsn >= 0 && psnDiff(this.compPsn, this.rttPsn) > 0) {
           const sample = now - this.rttSentAt;
-          this.srttUs = this.srttUs === 0 ? sample : this.srttUs + (sample - this.srttUs) / 8;
+          this.srttUs = this.srttUs === 0 ? Math.round(sample) : Math.round(this.srttUs + (sample - this.srttUs) / 8);
           this.rttPsn = -1;
         }
         if (this.outstanding()) this.armAckTimer(now);

@@ -168,23 +168,27 @@ t.test('a partial ACK restarts the timer and the retry counter', async (t) => {
 t.test('a peer that answers late but surely: the ACK timer stretches to twice its response time, not past 4×', async (t) => {
   const h = new EngineHarness('RC', { timeout: 10, retryCnt: 2 });
   const to = ackTimeoutUs(10)!;
+  t.ok(Number.isInteger(to), `the timeout is whole microseconds: ${to}`);
+  // Times in whole microseconds, as the runtime's clock reads them.
+  const r1 = Math.round(0.75 * to);
+  const r2 = Math.round(1.2 * to);
   // Message 1 is ACKed 0.75 T after it left: that is the QP's response time from now on.
   sendWr(h, 1, 300);
   h.poll(0);
-  h.send(ack(S + 1), 0.75 * to);
+  h.send(ack(S + 1), r1);
   t.match(h.scq.poll(1), [{ wrId: 1, status: 'SUCCESS' }]);
   // Message 2 waits 1.5 T for its ACK, which comes at 1.2 T: no retry.
   const t2 = 10 * to;
   sendWr(h, 2, 300);
   t.equal(h.poll(t2).length, 2);
-  t.equal(h.qp.pollAt(), t2 + 1.5 * to, 'twice the response time');
-  t.same(h.poll(t2 + 1.2 * to), [], 'not timed out at 1.2 T');
-  h.send(ack(S + 3), t2 + 1.2 * to);
+  t.equal(h.qp.pollAt(), t2 + 2 * r1, 'twice the response time');
+  t.same(h.poll(t2 + r2), [], 'not timed out at 1.2 T');
+  h.send(ack(S + 3), t2 + r2);
   t.match(h.scq.poll(1), [{ wrId: 2, status: 'SUCCESS' }]);
   t.equal(h.counters.ackTimeouts, 0);
-  // Message 3 is never answered. The response time is now 0.75 + (1.2 - 0.75) / 8 T: the timer runs
-  // twice that, then doubles per timeout, but never past 4 T.
-  const srtt = 0.75 + (1.2 - 0.75) / 8;
+  // Message 3 is never answered. The response time is now 0.75 + (1.2 - 0.75) / 8 T, to the
+  // microsecond: the timer runs twice that, then doubles per timeout, but never past 4 T.
+  const srtt = Math.round(r1 + (r2 - r1) / 8);
   const t3 = 20 * to;
   sendWr(h, 3, 300);
   h.poll(t3);
@@ -192,11 +196,12 @@ t.test('a peer that answers late but surely: the ACK timer stretches to twice it
   let at = t3;
   for (let k = 0; k < 3; k++) {
     const next = h.qp.pollAt()!;
-    gaps.push(Number(((next - at) / to).toFixed(4)));
+    gaps.push(next - at);
     h.poll(next);
     at = next;
   }
-  t.same(gaps, [2 * srtt, 4 * srtt, 4].map((g) => Number(g.toFixed(4))), 'timeouts after 2·srtt, 4·srtt, then 4 T (the cap)');
+  t.same(gaps, [2 * srtt, 4 * srtt, 4 * to], 'timeouts after 2·srtt, 4·srtt, then 4 T (the cap)');
+  t.ok(gaps.every(Number.isInteger), 'every deadline a whole microsecond');
   t.match(h.scq.poll(1), [{ wrId: 3, status: 'RETRY_EXC_ERR' }]);
 });
 
