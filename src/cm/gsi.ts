@@ -173,7 +173,7 @@ export class Gsi {
    */
   async flush(timeoutMs = 200): Promise<void> {
     const end = Date.now() + timeoutMs;
-    while (!this.closed && this.qp.sq.length > 0 && Date.now() < end) await new Promise((r) => setTimeout(r, 1));
+    while (!this.closed && this.qp.sqLength > 0 && Date.now() < end) await new Promise((r) => setTimeout(r, 1));
   }
 
   close(): void {

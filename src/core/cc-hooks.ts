@@ -182,9 +182,9 @@ export class QpCongestion {
     const qp = this.qp;
     const res: EmitResult = { sent: 0, expectsResponse: false };
     while (res.sent < budget) {
-      if (qp.requester.blocked(qp, qp, qp.sq, qp.compPsn) !== undefined) break;
+      if (qp.requester.blocked(qp, qp, qp.compPsn) !== undefined) break;
       if (this.controller.nextSendAt(now, nextRequestBytes(qp)) > now) break;
-      const r = qp.requester.emit(qp, this.charged, qp.sq, qp.compPsn, 1);
+      const r = qp.requester.emit(qp, this.charged, qp.compPsn, 1);
       res.sent += r.sent;
       if (r.expectsResponse) res.expectsResponse = true;
       if (r.error) {
@@ -203,9 +203,9 @@ export class QpCongestion {
  * is the exact size.
  */
 function nextRequestBytes(qp: QueuePair): number {
-  let i = Math.max(qp.reqCursor, qp.sq.head);
-  let w = qp.sq.at(i);
-  while (w && (w.state === 'pending' || w.state === 'done')) w = qp.sq.at(++i);
+  let i = Math.max(qp.reqCursor, qp.sqHead);
+  let w = qp.sqAt(i);
+  while (w && (w.state === 'pending' || w.state === 'done')) w = qp.sqAt(++i);
   if (!w) return 0;
   const mtu = qp.attrs.pathMtu;
   if (w.opcode === 'RDMA_READ' || w.opcode === 'ATOMIC_CMP_AND_SWP' || w.opcode === 'ATOMIC_FETCH_AND_ADD') {

@@ -25,7 +25,7 @@ import type { EngineContext } from './context.js';
 import { scatter } from './mr.js';
 import { RETRY_INFINITE, rnrTimerUs, type Micros } from './time.js';
 import type { Psn, WcStatus } from './types.js';
-import type { SendWqe, WorkQueue } from './wqe.js';
+import type { SendWqe } from './wqe.js';
 
 export type CompleterAction =
   /** Nothing for the QP to do (the packet was stale, a duplicate, or ignored). */
@@ -61,6 +61,8 @@ export interface CompleterState {
 
 /** What the completer works on: the QP as its engines see it, and the completer's state in it. */
 export interface CompleterContext extends EngineContext, CompleterState {
+  /** The oldest WQE of the send queue, if any. */
+  sqPeek(): SendWqe | undefined;
   /** Removes the head WQE, posts its completion and frees its read slot. */
   retireWqe(wqe: SendWqe): void;
 }
@@ -87,11 +89,11 @@ export class Completer {
   }
 
   /** Processes one response packet. */
-  onResponse(ctx: CompleterContext, sq: WorkQueue<SendWqe>, pkt: RocePacket, info: OpcodeInfo): CompleterAction {
+  onResponse(ctx: CompleterContext, pkt: RocePacket, info: OpcodeInfo): CompleterAction {
     let progressed = false;
     const psn = pkt.bth.psn;
     for (;;) {
-      const wqe = sq.peek();
+      const wqe = ctx.sqPeek();
       // get_wqe: a response with nothing outstanding is a ghost (late duplicate or a confused peer).
       if (!wqe || wqe.state === 'posted' || wqe.state === 'done') {
         ctx.counters.unexpectedResponse++;
@@ -294,9 +296,9 @@ export class Completer {
   }
 
   /** The local ACK timer fired with requests outstanding (IBTA 9.7.6.1.3). */
-  onTimeout(ctx: CompleterContext, sq: WorkQueue<SendWqe>): CompleterAction {
+  onTimeout(ctx: CompleterContext): CompleterAction {
     ctx.counters.ackTimeouts++;
-    return this.errorRetry(ctx, sq.peek(), true);
+    return this.errorRetry(ctx, ctx.sqPeek(), true);
   }
 }
 

@@ -33,7 +33,7 @@ import {
   type AsyncEvent, type Endpoint, type Psn, type QpAttr, type QpCap, type QpState, type QpType, type Qpn, type RecvWr, type SendWr,
   type WcOpcode, type WcStatus, type WorkCompletion, type WrOpcode,
 } from './types.js';
-import { WorkQueue, type RecvWqe, type SendWqe } from './wqe.js';
+import { grownRing, WorkQueue, type RecvWqe, type SendWqe } from './wqe.js';
 
 /** "Run me as soon as you can" from `pollAt`. */
 export const ASAP: Micros = 0;
@@ -93,7 +93,6 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState 
   /** Congestion control (cc-hooks.ts): paces the requester; undefined = none, as rxe. */
   cc: QpCongestion | undefined;
   private now: Micros = 0;
-  readonly sq = new WorkQueue<SendWqe>();
   readonly requester = REQUESTER;
   readonly completer = COMPLETER;
   // The requester's and the completer's state (`RequesterState`, `CompleterState`), in this record
@@ -104,7 +103,13 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState 
   reqHighPsn: Psn = 0;
   reqNoackPkts = 0;
   reqRdAtomic = 0;
-  /** `sq.tail`, for `Requester.blocked` (see `RequesterState.sqEnd`). */
+  // The send queue: a ring with absolute indices, as `WorkQueue` (wqe.ts) is, in fields of this
+  // record rather than an object of its own. With thousands of QPs every post and every ACK is for
+  // another QP, cold in cache, and the queue's own object was one more line to fetch each time.
+  // Entries `sqHead` to `sqEnd`, the latter kept beside the requester's cursor (`RequesterState`).
+  private sqItems: (SendWqe | undefined)[] = [];
+  private sqMask = -1;
+  sqHead = 0;
   sqEnd = 0;
   compPsn: Psn = 0;
   compOpcode = -1;
@@ -209,10 +214,10 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState 
     if (from !== next) this.io.stateChanged?.(this.qpn, from, next, reason);
     switch (next) {
       case 'RESET':
-        this.sq.clear();
+        this.sqClear();
         this.rq.clear();
         this.responder.reset(0, 0);
-        this.requester.reset(this, 0, this.sq.head);
+        this.requester.reset(this, 0, this.sqHead);
         this.completer.reset(this, 0, 0, 0);
         this.ackDeadline = undefined;
         this.ackBackoff = 0;
@@ -225,7 +230,7 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState 
         break;
       case 'RTS':
         if (from === 'RTR') {
-          this.requester.reset(this, this.attrs.sqPsn, this.sq.head);
+          this.requester.reset(this, this.attrs.sqPsn, this.sqHead);
           this.completer.reset(this, this.attrs.sqPsn, this.attrs.retryCnt, this.attrs.rnrRetry);
         }
         break;
@@ -312,16 +317,14 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState 
     this.checkPost(now, wrs.length);
     // Every WR is checked before any is queued: a bad one posts none (11.4.1.1).
     const wqes = wrs.map((wr, i) => this.toSendWqe(wr, i));
-    for (const w of wqes) this.sq.push(w);
-    this.sqEnd = this.sq.tail;
+    for (const w of wqes) this.sqPush(w);
     this.afterPost();
   }
 
   /** `postSend` of one WR, without the list around it. */
   postSendOne(now: Micros, wr: SendWr): void {
     this.checkPost(now, 1);
-    this.sq.push(this.toSendWqe(wr, 0));
-    this.sqEnd = this.sq.tail;
+    this.sqPush(this.toSendWqe(wr, 0));
     this.afterPost();
   }
 
@@ -329,8 +332,8 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState 
     this.now = now;
     const st = this._state;
     if (st === 'RESET' || st === 'INIT' || st === 'RTR') throw new QpStateError(`postSend in ${st}: the send queue opens in RTS`);
-    if (this.sq.length + n > this.maxSendWr) {
-      throw new QueueFullError(`send queue full: ${this.sq.length} + ${n} > ${this.maxSendWr}`);
+    if (this.sqEnd - this.sqHead + n > this.maxSendWr) {
+      throw new QueueFullError(`send queue full: ${this.sqEnd - this.sqHead} + ${n} > ${this.maxSendWr}`);
     }
   }
 
@@ -414,6 +417,43 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState 
     };
   }
 
+  /** Send WQEs posted and not yet completed. */
+  get sqLength(): number {
+    return this.sqEnd - this.sqHead;
+  }
+
+  /** The send WQE at absolute index `abs`, if still queued. */
+  sqAt(abs: number): SendWqe | undefined {
+    return abs >= this.sqHead && abs < this.sqEnd ? this.sqItems[abs & this.sqMask] : undefined;
+  }
+
+  /** The oldest send WQE, if any. */
+  sqPeek(): SendWqe | undefined {
+    return this.sqHead < this.sqEnd ? this.sqItems[this.sqHead & this.sqMask] : undefined;
+  }
+
+  private sqPush(w: SendWqe): void {
+    if (this.sqEnd - this.sqHead === this.sqItems.length) {
+      this.sqItems = grownRing(this.sqItems, this.sqMask, this.sqHead, this.sqEnd);
+      this.sqMask = this.sqItems.length - 1;
+    }
+    this.sqItems[this.sqEnd & this.sqMask] = w;
+    this.sqEnd++;
+  }
+
+  private sqShift(): SendWqe | undefined {
+    if (this.sqHead >= this.sqEnd) return undefined;
+    const i = this.sqHead & this.sqMask;
+    const w = this.sqItems[i];
+    this.sqItems[i] = undefined;
+    this.sqHead++;
+    return w;
+  }
+
+  private sqClear(): void {
+    while (this.sqShift() !== undefined);
+  }
+
   /** Post Receive (11.4.1.2). */
   postRecv(now: Micros, wrs: readonly RecvWr[]): void {
     this.now = now;
@@ -446,7 +486,7 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState 
       this.counters.unexpectedResponse++;
       return;
     }
-    this.apply(now, this.completer.onResponse(this, this.sq, pkt, info));
+    this.apply(now, this.completer.onResponse(this, pkt, info));
   }
 
   /** Does the work that is due: timers, then sending (requests, then READ responses). Returns packets sent. */
@@ -455,7 +495,7 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState 
     this.completedSinceRun = false;
     if (this.rnrUntil !== undefined && now >= this.rnrUntil) {
       this.rnrUntil = undefined;
-      this.requester.rewind(this, this.sq, this.rnrFrom);
+      this.requester.rewind(this, this.rnrFrom);
     }
     if (this.ackDeadline !== undefined && now >= this.ackDeadline) {
       // Decided one run later: the runtime runs ASAP work after reading the input already
@@ -469,7 +509,7 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState 
         this.ackDeadline = undefined;
         if (this.outstanding()) {
           if (this.ackBackoff < MAX_ACK_BACKOFF) this.ackBackoff++;
-          this.apply(now, this.completer.onTimeout(this, this.sq));
+          this.apply(now, this.completer.onTimeout(this));
         }
       }
     }
@@ -481,7 +521,7 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState 
       // from the send queue, cold in cache with thousands of QPs.
       if (this.reqCursor < this.sqEnd) {
         const high = this.reqHighPsn;
-        const r = this.cc ? this.cc.emit(now, budget) : this.requester.emit(this, this, this.sq, this.compPsn, budget);
+        const r = this.cc ? this.cc.emit(now, budget) : this.requester.emit(this, this, this.compPsn, budget);
         sent += r.sent;
         // Times the first PSN sent for the first time (a READ's first response answers it).
         if (r.expectsResponse && this.rttPsn < 0 && this.reqHighPsn !== high) {
@@ -523,7 +563,7 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState 
     if (this.reqCursor >= this.sqEnd) return false;
     const st = this._state;
     return (st === 'RTS' || st === 'SQD') && this.rnrUntil === undefined &&
-      this.requester.blocked(this, this, this.sq, this.compPsn) === undefined;
+      this.requester.blocked(this, this, this.compPsn) === undefined;
   }
 
   /** The ACK timer has run out by `now` (a run will decide the timeout; see `poll`). */
@@ -593,7 +633,7 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState 
         this.checkSqDrained();
         return;
       case 'retry':
-        this.requester.rewind(this, this.sq, a.from);
+        this.requester.rewind(this, a.from);
         this.ackDeadline = undefined;
         this.rttPsn = -1;
         return;
@@ -616,8 +656,8 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState 
   }
 
   private retire(wqe: SendWqe): void {
-    if (this.sq.peek() !== wqe) return;
-    this.sq.shift();
+    if (this.sqPeek() !== wqe) return;
+    this.sqShift();
     if (wqe.holdsRdAtomic) {
       wqe.holdsRdAtomic = false;
       this.reqRdAtomic--;
@@ -627,15 +667,15 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState 
   }
 
   private retireDone(): void {
-    for (let w = this.sq.peek(); w && w.state === 'done'; w = this.sq.peek()) this.retire(w);
+    for (let w = this.sqPeek(); w && w.state === 'done'; w = this.sqPeek()) this.retire(w);
   }
 
   /** A send WQE failed: it completes in error (always, signaled or not), then RC → ERR, UC/UD → SQE. */
   private failSend(wqe: SendWqe, status: WcStatus, vendorErr: number, why: string): void {
     // Complete everything before it first (UC/UD WQEs already sent), in order.
     if (this.type !== 'RC') this.retireDone();
-    if (this.sq.peek() === wqe) {
-      this.sq.shift();
+    if (this.sqPeek() === wqe) {
+      this.sqShift();
       if (wqe.holdsRdAtomic) this.reqRdAtomic--;
       this.pushCompletion(this.sendCq, this.sendWc(wqe, status, vendorErr));
     }
@@ -666,12 +706,12 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState 
 
   /** Every outstanding send WR completes with WR_FLUSH_ERR (10.3.1, C10-?: flushed WRs always complete). */
   private flushSend(): void {
-    for (let w = this.sq.shift(); w; w = this.sq.shift()) {
+    for (let w = this.sqShift(); w; w = this.sqShift()) {
       if (w.holdsRdAtomic) w.holdsRdAtomic = false;
       this.pushCompletion(this.sendCq, this.sendWc(w, 'WR_FLUSH_ERR', 0));
     }
     this.reqRdAtomic = 0;
-    this.reqCursor = this.sq.head;
+    this.reqCursor = this.sqHead;
   }
 
   private flushRecv(): void {
@@ -692,7 +732,7 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState 
   }
 
   private hasUnfinishedSends(): boolean {
-    for (const w of this.sq) if (w.state !== 'posted') return true;
+    for (let i = this.sqHead; i < this.sqEnd; i++) if (this.sqItems[i & this.sqMask]!.state !== 'posted') return true;
     return false;
   }
 

@@ -25,7 +25,7 @@ import { blankFields, clearParts, PAD, SHARED_HEADER_BUILDER } from './headers.j
 import { DEVICE_LIMITS, MAX_PKT_PER_ACK, MAX_UNACKED_PSNS } from './limits.js';
 import { gather, resolveSges } from './mr.js';
 import type { Psn, QpType, WcStatus, WrOpcode } from './types.js';
-import type { SendWqe, WorkQueue } from './wqe.js';
+import type { SendWqe } from './wqe.js';
 
 type Pos = 'FIRST' | 'MIDDLE' | 'LAST' | 'ONLY';
 
@@ -105,11 +105,15 @@ export interface RequesterState {
   reqHighPsn: Psn;
   /** Packets since the last AckReq (rxe noack_pkts). */
   reqNoackPkts: number;
+  /** Absolute index of the oldest WQE in the send queue. */
+  readonly sqHead: number;
   /**
    * One past the newest posted WQE: the send queue's tail, kept beside the cursor so that a QP
    * with nothing to send (a responder-only QP, asked at every poll) does not read its queue.
    */
   readonly sqEnd: number;
+  /** The send WQE at absolute index `abs`, if still queued. */
+  sqAt(abs: number): SendWqe | undefined;
 }
 
 /**
@@ -127,10 +131,10 @@ export class Requester {
   }
 
   /** The same checks `emit` makes, without side effects; drives `pollAt`. */
-  blocked(s: RequesterState, ctx: EngineContext, sq: WorkQueue<SendWqe>, compPsn: Psn): RequesterBlock | undefined {
+  blocked(s: RequesterState, ctx: EngineContext, compPsn: Psn): RequesterBlock | undefined {
     if (s.reqCursor >= s.sqEnd) return 'empty';
-    if (s.reqCursor < sq.head) s.reqCursor = sq.head;
-    const wqe = sq.at(s.reqCursor);
+    if (s.reqCursor < s.sqHead) s.reqCursor = s.sqHead;
+    const wqe = s.sqAt(s.reqCursor);
     if (!wqe) return 'empty';
     if (wqe.state === 'posted') {
       if (ctx.state !== 'RTS') return 'state';
@@ -144,7 +148,7 @@ export class Requester {
   }
 
   /** Sends up to `budget` packets. */
-  emit(s: RequesterState, ctx: EngineContext, sq: WorkQueue<SendWqe>, compPsn: Psn, budget: number): EmitResult {
+  emit(s: RequesterState, ctx: EngineContext, compPsn: Psn, budget: number): EmitResult {
     // One record for every requester, read by the caller before anything emits again: a run per
     // message with thousands of QPs made a fresh one per message, and one per requester was cold.
     const res = EMIT_RESULT;
@@ -152,8 +156,8 @@ export class Requester {
     res.expectsResponse = false;
     res.error = undefined;
     while (res.sent < budget) {
-      if (this.blocked(s, ctx, sq, compPsn) !== undefined) break;
-      const wqe = sq.at(s.reqCursor)!;
+      if (this.blocked(s, ctx, compPsn) !== undefined) break;
+      const wqe = s.sqAt(s.reqCursor)!;
       if (wqe.state === 'pending' || wqe.state === 'done') {
         s.reqCursor++;
         continue;
@@ -302,12 +306,12 @@ export class Requester {
    * `from` is re-emitted from the packet that carries `from`; a READ is re-requested for the
    * rest of its data. WQEs not yet started are unaffected.
    */
-  rewind(s: RequesterState, sq: WorkQueue<SendWqe>, from: Psn): void {
+  rewind(s: RequesterState, from: Psn): void {
     s.reqPsn = from;
     s.reqNoackPkts = 0;
     let cursor: number | undefined;
-    for (let i = sq.head; i < sq.tail; i++) {
-      const w = sq.at(i)!;
+    for (let i = s.sqHead; i < s.sqEnd; i++) {
+      const w = s.sqAt(i)!;
       if (w.state === 'posted') break;
       if (w.state === 'done') continue;
       if (psnLt(w.lastPsn, from)) continue; // entirely acknowledged; the completer will retire it
@@ -316,7 +320,7 @@ export class Requester {
       w.state = 'processing';
       if (cursor === undefined) cursor = i;
     }
-    s.reqCursor = cursor ?? Math.max(s.reqCursor, sq.head);
+    s.reqCursor = cursor ?? Math.max(s.reqCursor, s.sqHead);
   }
 }
 

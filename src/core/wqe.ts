@@ -1,5 +1,6 @@
 /**
- * Work queue entries and the two work queues.
+ * Work queue entries and the ring under the receive queue (the send queue's ring is in fields of its
+ * QP, qp.ts, with `grownRing` shared).
  *
  * A send WQE carries the user's request, normalised, plus the requester's and completer's
  * progress on it. Its life: posted → processing (some packets sent) → pending (all sent,
@@ -113,15 +114,24 @@ export class WorkQueue<T> {
   }
 
   private grow(): void {
-    const cap = this.items.length === 0 ? 4 : this.items.length * 2;
-    const next = new Array<T | undefined>(cap).fill(undefined);
-    const mask = cap - 1;
-    for (let a = this.first; a < this.end; a++) next[a & mask] = this.items[a & this.mask];
-    this.items = next;
-    this.mask = mask;
+    this.items = grownRing(this.items, this.mask, this.first, this.end);
+    this.mask = this.items.length - 1;
   }
 
   *[Symbol.iterator](): IterableIterator<T> {
     for (let a = this.first; a < this.end; a++) yield this.items[a & this.mask]!;
   }
+}
+
+/**
+ * The ring that replaces a full one: twice its capacity (4 at first), entries `first` to `end`
+ * (absolute indices) at their places under the new mask. Shared by `WorkQueue` and the send queue a
+ * QP keeps in its own fields (qp.ts).
+ */
+export function grownRing<T>(items: readonly (T | undefined)[], mask: number, first: number, end: number): (T | undefined)[] {
+  const cap = items.length === 0 ? 4 : items.length * 2;
+  const next = new Array<T | undefined>(cap).fill(undefined);
+  const m = cap - 1;
+  for (let a = first; a < end; a++) next[a & m] = items[a & mask];
+  return next;
 }

@@ -158,7 +158,7 @@ t.test('any → ERR flushes every outstanding WR, send and receive', async (t) =
   t.match(pollCq(p.a.cq, 1), [{ wrId: 7, status: 'WR_FLUSH_ERR' }], 'posting in ERR flushes at once');
   modifyQp(qa, { qpState: 'RESET' });
   t.equal(qa.state, 'RESET');
-  t.equal(qa.core.sq.length + qa.core.rq.length, 0, 'RESET clears');
+  t.equal(qa.core.sqLength + qa.core.rq.length, 0, 'RESET clears');
 });
 
 t.test('SQD drains and raises SQ_DRAINED; SQD → RTS resumes', async (t) => {

@@ -176,7 +176,7 @@ function checkRecv(
 function dump(qa: Qp, qb: Qp, a: Side, b: Side): string {
   const q = (x: Qp): unknown => ({
     qpn: x.qpNum, state: x.state, reqPsn: x.core.reqPsn, compPsn: x.core.compPsn, respPsn: x.core.responder.psn,
-    sq: x.core.sq.length, rq: x.core.rq.length, pollAt: x.core.pollAt(),
+    sq: x.core.sqLength, rq: x.core.rq.length, pollAt: x.core.pollAt(),
   });
   const nz = (c: object): object => Object.fromEntries(Object.entries(c).filter(([, v]) => v !== 0));
   return JSON.stringify({ now: a.ctx.device.now(), qa: q(qa), qb: q(qb), a: nz(a.ctx.counters), b: nz(b.ctx.counters), la: a.ctx.device.link.drops, lb: b.ctx.device.link.drops });
