@@ -177,7 +177,7 @@ export class EngineHarness {
   constructor(type: QpType, o: ConnectOptions & { maxDestRdAtomic?: number } = {}) {
     this.qp = new QueuePair({
       qpn: 0x11, type, pd: this.pd, mrs: this.mrs, counters: this.counters, sendCq: this.scq, recvCq: this.rcq,
-      cap: { maxSendWr: 1024, maxRecvWr: 1024, maxSendSge: 8, maxRecvSge: 8, maxInlineData: 64 }, sqSigAll: true, portMtu: 4096,
+      cap: { maxSendWr: 1024, maxRecvWr: 1024, maxSendSge: 8, maxRecvSge: 8, maxInlineData: 64, ...(o.cap ?? {}) }, sqSigAll: true, portMtu: 4096,
       io: {
         transmit: (_dst, _port, parts) => {
           const len = parts.reduce((n, p) => n + p.length, 0);
