@@ -23,10 +23,10 @@ import type { CompletionQueue } from './cq.js';
 import { InvalidWrError, QpStateError, QueueFullError } from './errors.js';
 import { connectedSourcePort, datagramSourcePort } from './flow.js';
 import { MAX_ACK_BACKOFF, MAX_PKTS_PER_POLL } from './limits.js';
-import { sgeTotal, type MrTable, type ProtectionDomain } from './mr.js';
+import { sgeTotal, type MemoryRegion, type MrTable, type ProtectionDomain } from './mr.js';
 import { checkModify, maskFromAttr, mtuBytes } from './qp-state.js';
 import { isReadOrAtomic, REQUESTER, WR_OPCODES_FOR, type RequesterState } from './requester.js';
-import { Responder } from './responder.js';
+import { NO_JOBS, RESPONDER, type ReadJob, type RecvInProgress, type Resource, type ResponderState } from './responder.js';
 import { ackTimeoutUs, earliest, type Micros } from './time.js';
 import {
   QP_ATTR_MASK as M, SEND_FLAGS, WC_FLAGS,
@@ -65,7 +65,7 @@ const WC_OPCODE_OF: Readonly<Record<WrOpcode, WcOpcode>> = {
   RDMA_READ: 'RDMA_READ', ATOMIC_CMP_AND_SWP: 'COMP_SWAP', ATOMIC_FETCH_AND_ADD: 'FETCH_ADD',
 };
 
-export class QueuePair implements EngineContext, CompleterState, RequesterState {
+export class QueuePair implements EngineContext, CompleterState, RequesterState, ResponderState {
   // Field order is memory order: V8 lays an object out in the order its fields are defined. The
   // fields a message reads come first, so that with thousands of QPs (each one cold in cache when its
   // turn comes) a message reads three or four lines of this record; the rest follow. It matters:
@@ -150,11 +150,33 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState 
   readonly mrs: MrTable;
   readonly pd: ProtectionDomain;
   private readonly io: QpIo;
+  // The responder's state (`ResponderState`), likewise in this record, after the initiator's lines:
+  // an object of its own behind the QP was one more dependent, cold load per request with thousands
+  // of QPs. What a request reads first.
+  respPsn: Psn = 0;
+  respMsn = 0;
+  respOpcode = -1;
+  respAckPending = false;
+  respAckPsn: Psn = 0;
+  respAckMsn = 0;
+  respJobs: ReadJob[] = NO_JOBS;
+  respSentPsnNak = false;
+  respDropMsg = false;
+  respWriting = false;
+  respWriteRkey = 0;
+  respWriteLength = 0;
+  respWriteResid = 0;
+  respWriteMr: MemoryRegion | undefined = undefined;
+  respWriteOff = 0;
+  respRecv: RecvInProgress | undefined = undefined;
+  respResources: Resource[] = [];
+  respResCap = 0;
+  respResHead = 0;
   // What a message does not read.
   readonly recvCq: CompletionQueue;
   readonly cap: QpCap;
   readonly rq = new WorkQueue<RecvWqe>();
-  readonly responder = new Responder();
+  readonly responder = RESPONDER;
   /** Port MTU: the UD message limit and the cap on pathMtu. */
   readonly portMtu: number;
   /** 16-byte destination GID (RC/UC). */
@@ -207,7 +229,7 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState 
   /** The single writer of `state`; applies what entering `next` means. */
   setState(next: QpState, reason: string): void {
     // A coalesced ACK answers what was received before the change: it goes out first.
-    if (this.responder.hasAck) this.responder.flushAck(this);
+    if (this.respAckPending) this.responder.flushAck(this);
     const from = this._state;
     this._state = next;
     this.stateReason = reason;
@@ -216,7 +238,7 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState 
       case 'RESET':
         this.sqClear();
         this.rq.clear();
-        this.responder.reset(0, 0);
+        this.responder.reset(this, 0, 0);
         this.requester.reset(this, 0, this.sqHead);
         this.completer.reset(this, 0, 0, 0);
         this.ackDeadline = undefined;
@@ -226,7 +248,7 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState 
         this.rnrUntil = undefined;
         break;
       case 'RTR':
-        if (from === 'INIT') this.responder.reset(this.attrs.rqPsn, this.attrs.maxDestRdAtomic);
+        if (from === 'INIT') this.responder.reset(this, this.attrs.rqPsn, this.attrs.maxDestRdAtomic);
         break;
       case 'RTS':
         if (from === 'RTR') {
@@ -240,7 +262,7 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState 
       case 'ERR':
         this.flushSend();
         this.flushRecv();
-        this.responder.abandon();
+        this.responder.abandon(this);
         this.ackDeadline = undefined;
         this.rnrUntil = undefined;
         break;
@@ -289,7 +311,7 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState 
       curQpState: this._state,
       pathMtu: a.pathMtu as 256 | 512 | 1024 | 2048 | 4096,
       qkey: a.qkey,
-      rqPsn: this._state === 'RESET' || this._state === 'INIT' ? a.rqPsn : this.responder.psn,
+      rqPsn: this._state === 'RESET' || this._state === 'INIT' ? a.rqPsn : this.respPsn,
       sqPsn: this._state === 'RTS' || this._state === 'SQD' || this._state === 'SQE' ? this.reqPsn : a.sqPsn,
       destQpNum: a.destQpNum,
       qpAccessFlags: a.accessFlags,
@@ -534,14 +556,13 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState 
       if (this.type !== 'RC') this.retireDone();
     }
     if (this.responderBusy) {
-      const resp = this.responder;
       // The coalesced ACK of the receive batch, after our own requests (a reply goes out first).
-      if (resp.hasAck) {
-        resp.flushAck(this);
+      if (this.respAckPending) {
+        this.responder.flushAck(this);
         sent++;
       }
-      if (st === 'RTR' || st === 'RTS' || st === 'SQD' || st === 'SQE') sent += resp.emitReads(this, budget - sent);
-      this.responderBusy = resp.hasAck || resp.hasWork;
+      if (st === 'RTR' || st === 'RTS' || st === 'SQD' || st === 'SQE') sent += this.responder.emitReads(this, budget - sent);
+      this.responderBusy = this.respAckPending || this.respJobs.length > 0;
     }
     this.checkSqDrained();
     return sent;
@@ -552,7 +573,7 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState 
    * completed a work request: the application can have seen it only by polling memory (a WRITE).
    */
   onlyAckDue(): boolean {
-    if (this.completedSinceRun || !this.responderBusy || !this.responder.hasAck || this.responder.hasWork) return false;
+    if (this.completedSinceRun || !this.responderBusy || !this.respAckPending || this.respJobs.length > 0) return false;
     return !this.requesterCanSend();
   }
 
@@ -576,7 +597,7 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState 
     let t: Micros | undefined;
     const st = this._state;
     // The responder first: an ACK to send answers ASAP whatever the requester could do.
-    if (this.responderBusy && (this.responder.hasAck || (this.responder.hasWork && st !== 'ERR' && st !== 'RESET'))) return ASAP;
+    if (this.responderBusy && (this.respAckPending || (this.respJobs.length > 0 && st !== 'ERR' && st !== 'RESET'))) return ASAP;
     if (this.requesterCanSend()) {
       if (!this.cc) return ASAP;
       // Paced: the next packet waits for the rate, or for an RP timer that raises it.

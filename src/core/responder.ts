@@ -53,7 +53,7 @@ type Verdict =
 type Check = Verdict | undefined;
 
 /** An RDMA READ or atomic the responder remembers, to answer duplicates (C9-110 area). */
-interface Resource {
+export interface Resource {
   kind: 'read' | 'atomic';
   firstPsn: Psn;
   lastPsn: Psn;
@@ -63,8 +63,15 @@ interface Resource {
   origValue: bigint;
 }
 
+/** The receive WQE a SEND in progress is filling, and how far. */
+export interface RecvInProgress {
+  wqe: RecvWqe;
+  segments: Uint8Array[];
+  offset: number;
+}
+
 /** READ response packets still to send. */
-interface ReadJob {
+export interface ReadJob {
   res: Resource;
   mr: MemoryRegion;
   psn: Psn;
@@ -89,7 +96,11 @@ const RESP_ONLY = OP['RC_RDMA_READ_RESPONSE_ONLY']!;
 export const GRH_LEN = 40;
 
 /** The empty job list every responder starts with (frozen: a push onto it throws rather than leaks). */
-const NO_JOBS: ReadJob[] = Object.freeze([]) as unknown as ReadJob[];
+export const NO_JOBS: ReadJob[] = Object.freeze([]) as unknown as ReadJob[];
+
+// Scratch shared by every QP of the process, as the header builder is (its comment says why that is
+// safe): with thousands of QPs taking turns, a record and a list of each QP's own were cold in cache
+// at every packet.
 const RESPONSE_FIELDS = blankFields();
 const RESPONSE_PARTS: Uint8Array[] = [];
 /**
@@ -104,49 +115,38 @@ ACK_HEADERS[2] = DEFAULT_PKEY >>> 8;
 ACK_HEADERS[3] = DEFAULT_PKEY & 0xff;
 const ACK_PARTS: readonly Uint8Array[] = [ACK_HEADERS];
 
-export class Responder {
+/**
+ * The responder's state, held in the QP record (`QueuePair`) as rxe keeps `qp->resp` in `struct
+ * rxe_qp`: with thousands of QPs taking turns, an object of its own behind the QP was one more
+ * dependent, cold load per request (bench/PROFILE.md). The engine below keeps no state of its own.
+ */
+export interface ResponderState {
   /** Expected PSN of the next new request (ePSN). */
-  psn: Psn = 0;
+  respPsn: Psn;
   /** Message sequence number: completed messages, 24 bits (9.7.5.2). */
-  msn = 0;
+  respMsn: number;
   /** Opcode of the last accepted packet, or -1 between messages. */
-  private opcode = -1;
-
-  /** Inside a multi-packet SEND or WRITE: only its MIDDLE/LAST packets are valid next (9.7.3.2). */
-  get inMessage(): boolean {
-    if (this.opcode === -1) return false;
-    const prev = opcodeInfo(this.opcode);
-    return prev !== undefined && !prev.end && (prev.kind === 'send' || prev.kind === 'write');
-  }
+  respOpcode: number;
   /** RC: a PSN sequence NAK was sent for the current gap (NAK once per gap, C9-106 area). */
-  private sentPsnNak = false;
+  respSentPsnNak: boolean;
   /** UC: drop packets until the next message start. */
-  private dropMsg = false;
+  respDropMsg: boolean;
   /** The receive WQE a SEND in progress is filling, and how far. */
-  private recv: { wqe: RecvWqe; segments: Uint8Array[]; offset: number } | undefined;
-  // The RDMA WRITE in progress, in fields of this record rather than an object of its own: with
-  // thousands of QPs taking turns, a fresh object per message stored here was a write-barrier entry
-  // on another page at every message, and the 64-bit VA it advanced two BigInts per packet. The
-  // first packet checks the R_Key over the whole message (as rxe's check_rkey does with the RETH's
-  // length), so the rest need only where they go: the region and a byte offset into it.
+  respRecv: RecvInProgress | undefined;
+  // The RDMA WRITE in progress, in fields rather than an object of its own: with thousands of QPs
+  // taking turns, a fresh object per message stored into the QP was a write-barrier entry on another
+  // page at every message, and the 64-bit VA it advanced two BigInts per packet. The first packet
+  // checks the R_Key over the whole message (as rxe's check_rkey does with the RETH's length), so the
+  // rest need only where they go: the region and a byte offset into it.
   /** A WRITE message is in progress (its first packet was accepted, its last not yet). */
-  private writing = false;
+  respWriting: boolean;
   /** Its R_Key, its DMA length, and the bytes still to come. */
-  private writeRkey = 0;
-  private writeLength = 0;
-  private writeResid = 0;
+  respWriteRkey: number;
+  respWriteLength: number;
+  respWriteResid: number;
   /** The region it writes into (undefined for a zero-length WRITE), and where its next packet goes. */
-  private writeMr: MemoryRegion | undefined;
-  private writeOff = 0;
-  /** READ/atomic resources, grown on use up to `resCap` (maxDestRdAtomic), then a ring. */
-  private resources: Resource[] = [];
-  private resCap = 0;
-  private resHead = 0;
-  /**
-   * READ responses waiting to go out. `NO_JOBS`, shared, until the first READ: `hasWork`, asked on
-   * every poll, then reads a hot array rather than each QP's own, cold with thousands of QPs.
-   */
-  private jobs: ReadJob[] = NO_JOBS;
+  respWriteMr: MemoryRegion | undefined;
+  respWriteOff: number;
   /**
    * A coalesced ACK (IBTA 9.7.4.1.x, C9-99 area: an ACK for PSN n acknowledges every request up to
    * n, so a responder may answer several AckReq packets with one). The ACK an AckReq packet asks for
@@ -155,106 +155,115 @@ export class Responder {
    * other response (NAK, duplicate ACK, READ response, ATOMIC ACK) sends it first, so ACKs still
    * leave in PSN order and never acknowledge a READ before its responses.
    */
-  private ackPending = false;
-  private ackPsn: Psn = 0;
-  private ackMsn = 0;
-  private readonly hb = SHARED_HEADER_BUILDER;
-  // Scratch shared by every responder of the process, as the header builder is (its comment says why
-  // that is safe): with thousands of QPs taking turns, a record and a list of each QP's own were
-  // cold in cache at every packet.
-  private readonly f = RESPONSE_FIELDS;
-  private readonly parts = RESPONSE_PARTS;
+  respAckPending: boolean;
+  respAckPsn: Psn;
+  respAckMsn: number;
+  /**
+   * READ responses waiting to go out. `NO_JOBS`, shared, until the first READ: asked on every poll,
+   * it then reads a hot array rather than each QP's own, cold with thousands of QPs.
+   */
+  respJobs: ReadJob[];
+  /** READ/atomic resources, grown on use up to `respResCap` (maxDestRdAtomic), then a ring. */
+  respResources: Resource[];
+  respResCap: number;
+  respResHead: number;
+}
 
-  reset(rqPsn: Psn, maxDestRdAtomic: number): void {
-    this.psn = rqPsn;
-    this.msn = 0;
-    this.opcode = -1;
-    this.sentPsnNak = false;
-    this.dropMsg = false;
-    this.recv = undefined;
-    this.endWrite();
+/** What the responder works on: the QP, its state and its context. */
+export type ResponderQp = EngineContext & ResponderState;
+
+/**
+ * The engine: one instance serves every QP (`RESPONDER`); each call gets the QP, which is its
+ * state and the context it sends through.
+ */
+export class Responder {
+  reset(qp: ResponderQp, rqPsn: Psn, maxDestRdAtomic: number): void {
+    qp.respPsn = rqPsn;
+    qp.respMsn = 0;
+    qp.respOpcode = -1;
+    qp.respSentPsnNak = false;
+    qp.respDropMsg = false;
+    qp.respRecv = undefined;
+    this.endWrite(qp);
     // Grown on use: most QPs never see a READ or atomic, and an idle QP should cost little.
-    this.resources = [];
-    this.resCap = Math.max(0, maxDestRdAtomic);
-    this.resHead = 0;
-    this.jobs = NO_JOBS;
-    this.ackPending = false;
+    qp.respResources = [];
+    qp.respResCap = Math.max(0, maxDestRdAtomic);
+    qp.respResHead = 0;
+    qp.respJobs = NO_JOBS;
+    qp.respAckPending = false;
   }
 
-  /** READ responses waiting to go out. */
-  get hasWork(): boolean {
-    return this.jobs.length > 0;
+  /** Inside a multi-packet SEND or WRITE: only its MIDDLE/LAST packets are valid next (9.7.3.2). */
+  inMessage(qp: ResponderState): boolean {
+    if (qp.respOpcode === -1) return false;
+    const prev = opcodeInfo(qp.respOpcode);
+    return prev !== undefined && !prev.end && (prev.kind === 'send' || prev.kind === 'write');
   }
 
-  /** A coalesced ACK waits for `flushAck`. */
-  get hasAck(): boolean {
-    return this.ackPending;
-  }
-
-  private endWrite(): void {
-    this.writing = false;
-    this.writeMr = undefined;
+  private endWrite(qp: ResponderState): void {
+    qp.respWriting = false;
+    qp.respWriteMr = undefined;
   }
 
   /** Drops the message in progress (QP reset/error). */
-  abandon(): void {
-    this.recv = undefined;
-    this.endWrite();
-    this.opcode = -1;
-    this.jobs = NO_JOBS;
+  abandon(qp: ResponderState): void {
+    qp.respRecv = undefined;
+    this.endWrite(qp);
+    qp.respOpcode = -1;
+    qp.respJobs = NO_JOBS;
   }
 
   // ---------------------------------------------------------------------------------------
   // The pipeline
 
-  onRequest(ctx: EngineContext, rq: WorkQueue<RecvWqe>, pkt: RocePacket, info: OpcodeInfo, rx: RxInfo): ResponderOutcome {
+  onRequest(qp: ResponderQp, rq: WorkQueue<RecvWqe>, pkt: RocePacket, info: OpcodeInfo, rx: RxInfo): ResponderOutcome {
     // rxe answers one request at a time: a READ's responses all go out before the next request
     // is looked at. Sending what is left first keeps responses in PSN order and keeps a later
     // WRITE from changing memory a READ has not yet returned.
-    this.flushReads(ctx);
+    this.flushReads(qp);
     const verdict =
-      this.checkPsn(ctx, pkt, info) ??
-      this.checkOpSeq(ctx, info) ??
-      this.checkOpValid(ctx, info) ??
-      this.checkResource(ctx, rq, info) ??
-      this.checkLength(ctx, pkt, info) ??
-      this.checkRkey(ctx, pkt, info);
-    if (verdict) return this.handle(ctx, rq, pkt, info, verdict);
-    return this.execute(ctx, rq, pkt, info, rx);
+      this.checkPsn(qp, pkt, info) ??
+      this.checkOpSeq(qp, info) ??
+      this.checkOpValid(qp, info) ??
+      this.checkResource(qp, rq, info) ??
+      this.checkLength(qp, pkt, info) ??
+      this.checkRkey(qp, pkt, info);
+    if (verdict) return this.handle(qp, rq, pkt, info, verdict);
+    return this.execute(qp, rq, pkt, info, rx);
   }
 
   /** 9.7.3.1 / rxe check_psn. */
-  private checkPsn(ctx: EngineContext, pkt: RocePacket, info: OpcodeInfo): Check {
+  private checkPsn(qp: ResponderQp, pkt: RocePacket, info: OpcodeInfo): Check {
     const psn = pkt.bth.psn;
-    switch (ctx.type) {
+    switch (qp.type) {
       case 'RC': {
-        const d = psnDiff(psn, this.psn);
+        const d = psnDiff(psn, qp.respPsn);
         if (d > 0) {
           // Class B: PSN sequence error. NAK the first packet of a gap only; the rest are dropped.
-          if (this.sentPsnNak) return { v: 'drop', counter: undefined, abandon: false };
-          this.sentPsnNak = true;
-          ctx.counters.outOfSeqReq++;
+          if (qp.respSentPsnNak) return { v: 'drop', counter: undefined, abandon: false };
+          qp.respSentPsnNak = true;
+          qp.counters.outOfSeqReq++;
           return { v: 'nakSeq' };
         }
         if (d < 0) {
-          ctx.counters.dupReq++;
+          qp.counters.dupReq++;
           return { v: 'duplicate' };
         }
-        this.sentPsnNak = false;
+        qp.respSentPsnNak = false;
         return undefined;
       }
       case 'UC':
         // 9.8.3: UC has no retransmission. After a gap, drop everything up to the next message
         // start, which resynchronises the PSN.
-        if (this.dropMsg || psn !== this.psn) {
+        if (qp.respDropMsg || psn !== qp.respPsn) {
           if (info.start) {
-            if (this.opcode !== -1) this.abandonUc(ctx);
-            this.dropMsg = false;
-            this.psn = psn;
+            if (qp.respOpcode !== -1) this.abandonUc(qp);
+            qp.respDropMsg = false;
+            qp.respPsn = psn;
             return undefined;
           }
-          if (!this.dropMsg) this.abandonUc(ctx);
-          this.dropMsg = true;
+          if (!qp.respDropMsg) this.abandonUc(qp);
+          qp.respDropMsg = true;
           return { v: 'drop', counter: 'outOfSeqReq', abandon: false };
         }
         return undefined;
@@ -264,47 +273,47 @@ export class Responder {
   }
 
   /** UC: the message in progress is abandoned; its receive WQE is reused by the next message. */
-  private abandonUc(ctx: EngineContext): void {
-    if (this.opcode !== -1) ctx.counters.ucDroppedMsg++;
-    this.recv = undefined;
-    this.endWrite();
-    this.opcode = -1;
+  private abandonUc(qp: ResponderQp): void {
+    if (qp.respOpcode !== -1) qp.counters.ucDroppedMsg++;
+    qp.respRecv = undefined;
+    this.endWrite(qp);
+    qp.respOpcode = -1;
   }
 
   /** 9.7.3.2 / rxe check_op_seq: FIRST, MIDDLE* , LAST of one kind, or ONLY. */
-  private checkOpSeq(ctx: EngineContext, info: OpcodeInfo): Check {
-    if (ctx.type === 'UD') return undefined;
-    const prev = this.opcode === -1 ? undefined : info.transport === ctx.type ? opcodeInfo(this.opcode) : undefined;
+  private checkOpSeq(qp: ResponderQp, info: OpcodeInfo): Check {
+    if (qp.type === 'UD') return undefined;
+    const prev = qp.respOpcode === -1 ? undefined : info.transport === qp.type ? opcodeInfo(qp.respOpcode) : undefined;
     const inMsg = prev !== undefined && !prev.end && (prev.kind === 'send' || prev.kind === 'write');
     if (inMsg) {
       const continues = !info.start && info.kind === prev.kind;
       if (continues) return undefined;
-      if (ctx.type === 'RC') {
+      if (qp.type === 'RC') {
         // Class C: missing LAST (an unexpected opcode inside a message).
         return fatalVerdict(NAK_CODE.INVALID_REQUEST, 'REM_INV_REQ_ERR', 'badOpcodeSeq', 'opcode out of sequence (missing LAST)');
       }
       // UC (class D1): abandon the partial message; a new start is taken as the next message.
-      ctx.counters.badOpcodeSeq++;
-      this.abandonUc(ctx);
+      qp.counters.badOpcodeSeq++;
+      this.abandonUc(qp);
       if (info.start) return undefined;
-      this.dropMsg = true;
+      qp.respDropMsg = true;
       return { v: 'drop', counter: undefined, abandon: false };
     }
     if (!info.start && (info.kind === 'send' || info.kind === 'write')) {
-      if (ctx.type === 'RC') {
+      if (qp.type === 'RC') {
         // Class C: missing FIRST.
         return fatalVerdict(NAK_CODE.INVALID_REQUEST, 'REM_INV_REQ_ERR', 'badOpcodeSeq', 'opcode out of sequence (missing FIRST)');
       }
-      this.dropMsg = true;
+      qp.respDropMsg = true;
       return { v: 'drop', counter: 'badOpcodeSeq', abandon: false };
     }
     return undefined;
   }
 
   /** rxe check_op_valid: the QP's access flags allow the operation (C9-92 area). */
-  private checkOpValid(ctx: EngineContext, info: OpcodeInfo): Check {
-    const f = ctx.attrs.accessFlags;
-    if (ctx.type === 'RC') {
+  private checkOpValid(qp: ResponderQp, info: OpcodeInfo): Check {
+    const f = qp.attrs.accessFlags;
+    if (qp.type === 'RC') {
       if ((info.kind === 'readRequest' && !(f & ACCESS.REMOTE_READ)) ||
           (info.kind === 'write' && !(f & ACCESS.REMOTE_WRITE)) ||
           (info.kind === 'atomic' && !(f & ACCESS.REMOTE_ATOMIC))) {
@@ -314,40 +323,40 @@ export class Responder {
       if (info.kind !== 'send' && info.kind !== 'write' && info.kind !== 'readRequest' && info.kind !== 'atomic') {
         return fatalVerdict(NAK_CODE.INVALID_REQUEST, 'REM_INV_REQ_ERR', 'invalidRequest', `unsupported opcode ${info.name}`);
       }
-    } else if (ctx.type === 'UC' && info.kind === 'write' && !(f & ACCESS.REMOTE_WRITE)) {
-      this.dropMsg = true;
+    } else if (qp.type === 'UC' && info.kind === 'write' && !(f & ACCESS.REMOTE_WRITE)) {
+      qp.respDropMsg = true;
       return { v: 'drop', counter: 'invalidRequest', abandon: true };
     }
     return undefined;
   }
 
   /** rxe check_resource: a receive WQE for messages that consume one; READ/atomic resources. */
-  private checkResource(ctx: EngineContext, rq: WorkQueue<RecvWqe>, info: OpcodeInfo): Check {
+  private checkResource(qp: ResponderQp, rq: WorkQueue<RecvWqe>, info: OpcodeInfo): Check {
     if (info.kind === 'readRequest' || info.kind === 'atomic') {
       // Class C: the requester exceeded the responder's resources (maxDestRdAtomic = 0).
-      if (ctx.attrs.maxDestRdAtomic <= 0) {
+      if (qp.attrs.maxDestRdAtomic <= 0) {
         return fatalVerdict(NAK_CODE.INVALID_REQUEST, 'REM_INV_REQ_ERR', 'invalidRequest', 'no READ/atomic resources (maxDestRdAtomic 0)');
       }
       return undefined;
     }
     const needsWqe = info.kind === 'send' ? info.start : info.consumesRecv && info.end;
-    if (needsWqe && !this.recv) {
+    if (needsWqe && !qp.respRecv) {
       const wqe = rq.peek();
       if (!wqe) return { v: 'rnr' };
       if (!wqe.segments) {
-        const segs = resolveSges(ctx.mrs, ctx.pd, wqe.sges, true);
+        const segs = resolveSges(qp.mrs, qp.pd, wqe.sges, true);
         // Class A: a malformed receive WQE (bad L_Key): remote operational error.
         if (!segs) return fatalVerdict(NAK_CODE.REMOTE_OPERATIONAL_ERROR, 'LOC_PROT_ERR', 'remoteOpErr', 'receive WQE has a bad L_Key');
         wqe.segments = segs;
       }
-      this.recv = { wqe, segments: wqe.segments, offset: 0 };
+      qp.respRecv = { wqe, segments: wqe.segments, offset: 0 };
     }
     return undefined;
   }
 
   /** rxe check_length: per-position payload rules (C9-88 area) and the 2^31 message limit. */
-  private checkLength(ctx: EngineContext, pkt: RocePacket, info: OpcodeInfo): Check {
-    const mtu = ctx.type === 'UD' ? ctx.attrs.portMtu : ctx.attrs.pathMtu;
+  private checkLength(qp: ResponderQp, pkt: RocePacket, info: OpcodeInfo): Check {
+    const mtu = qp.type === 'UD' ? qp.attrs.portMtu : qp.attrs.pathMtu;
     const n = pkt.payload.length;
     let bad = false;
     if (info.payload) {
@@ -357,43 +366,43 @@ export class Responder {
     }
     if (pkt.reth && pkt.reth.dmaLength > 0x80000000) bad = true;
     if (!bad) return undefined;
-    if (ctx.type === 'RC') return fatalVerdict(NAK_CODE.INVALID_REQUEST, 'REM_INV_REQ_ERR', 'badLength', `bad payload length ${n} for ${info.name}`);
+    if (qp.type === 'RC') return fatalVerdict(NAK_CODE.INVALID_REQUEST, 'REM_INV_REQ_ERR', 'badLength', `bad payload length ${n} for ${info.name}`);
     // UC/UD class D: drop the message.
-    if (ctx.type === 'UC') this.dropMsg = true;
-    return { v: 'drop', counter: 'badLength', abandon: ctx.type === 'UC' };
+    if (qp.type === 'UC') qp.respDropMsg = true;
+    return { v: 'drop', counter: 'badLength', abandon: qp.type === 'UC' };
   }
 
   /** rxe check_rkey: R_Key, PD, access right and bounds (C9-88..C9-91), atomic alignment. */
-  private checkRkey(ctx: EngineContext, pkt: RocePacket, info: OpcodeInfo): Check {
+  private checkRkey(qp: ResponderQp, pkt: RocePacket, info: OpcodeInfo): Check {
     if (info.kind === 'write') {
       const reth = pkt.reth;
       if (reth) {
-        this.writing = true;
-        this.writeRkey = reth.rkey;
-        this.writeLength = reth.dmaLength;
-        this.writeResid = reth.dmaLength;
-        this.writeMr = undefined;
-        this.writeOff = 0;
+        qp.respWriting = true;
+        qp.respWriteRkey = reth.rkey;
+        qp.respWriteLength = reth.dmaLength;
+        qp.respWriteResid = reth.dmaLength;
+        qp.respWriteMr = undefined;
+        qp.respWriteOff = 0;
         if (reth.dmaLength === 0) return undefined; // a zero-length WRITE needs no valid R_Key (9.4.4)
-        const r = ctx.mrs.remote(ctx.pd, reth.rkey, ACCESS.REMOTE_WRITE, reth.va, reth.dmaLength);
-        if (!r.ok) return this.rkeyFault(ctx, `WRITE ${r.fault} rkey=0x${reth.rkey.toString(16)}`);
-        this.writeMr = r.mr;
-        this.writeOff = r.offset;
+        const r = qp.mrs.remote(qp.pd, reth.rkey, ACCESS.REMOTE_WRITE, reth.va, reth.dmaLength);
+        if (!r.ok) return this.rkeyFault(qp, `WRITE ${r.fault} rkey=0x${reth.rkey.toString(16)}`);
+        qp.respWriteMr = r.mr;
+        qp.respWriteOff = r.offset;
       } else {
-        if (!this.writing) return fatalVerdict(NAK_CODE.INVALID_REQUEST, 'REM_INV_REQ_ERR', 'invalidRequest', 'WRITE continuation without a WRITE in progress');
+        if (!qp.respWriting) return fatalVerdict(NAK_CODE.INVALID_REQUEST, 'REM_INV_REQ_ERR', 'invalidRequest', 'WRITE continuation without a WRITE in progress');
         // The range was checked whole at the first packet; what may have changed since is the key:
         // the region deregistered, or its R_Key invalidated (a SEND with Invalidate between).
-        const mr = this.writeMr;
+        const mr = qp.respWriteMr;
         if (mr !== undefined && (mr.deregistered || mr.rkeyInvalidated)) {
-          return this.rkeyFault(ctx, `WRITE ${mr.deregistered ? 'noKey' : 'invalidated'} rkey=0x${this.writeRkey.toString(16)}`);
+          return this.rkeyFault(qp, `WRITE ${mr.deregistered ? 'noKey' : 'invalidated'} rkey=0x${qp.respWriteRkey.toString(16)}`);
         }
       }
-      const mtu = ctx.attrs.pathMtu;
+      const mtu = qp.attrs.pathMtu;
       const n = pkt.payload.length;
-      const resid = this.writeResid;
+      const resid = qp.respWriteResid;
       if (resid > mtu ? n !== mtu : n !== resid) {
-        if (ctx.type === 'RC') return fatalVerdict(NAK_CODE.INVALID_REQUEST, 'REM_INV_REQ_ERR', 'badLength', `WRITE payload ${n}, ${resid} left`);
-        this.dropMsg = true;
+        if (qp.type === 'RC') return fatalVerdict(NAK_CODE.INVALID_REQUEST, 'REM_INV_REQ_ERR', 'badLength', `WRITE payload ${n}, ${resid} left`);
+        qp.respDropMsg = true;
         return { v: 'drop', counter: 'badLength', abandon: true };
       }
       return undefined;
@@ -401,14 +410,14 @@ export class Responder {
     if (info.kind === 'readRequest') {
       const r = pkt.reth!;
       if (r.dmaLength === 0) return undefined;
-      const l = ctx.mrs.remote(ctx.pd, r.rkey, ACCESS.REMOTE_READ, r.va, r.dmaLength);
-      if (!l.ok) return this.rkeyFault(ctx, `READ ${l.fault} rkey=0x${r.rkey.toString(16)}`);
+      const l = qp.mrs.remote(qp.pd, r.rkey, ACCESS.REMOTE_READ, r.va, r.dmaLength);
+      if (!l.ok) return this.rkeyFault(qp, `READ ${l.fault} rkey=0x${r.rkey.toString(16)}`);
       return undefined;
     }
     if (info.kind === 'atomic') {
       const a = pkt.atomicEth!;
-      const l = ctx.mrs.remote(ctx.pd, a.rkey, ACCESS.REMOTE_ATOMIC, a.va, 8);
-      if (!l.ok) return this.rkeyFault(ctx, `atomic ${l.fault} rkey=0x${a.rkey.toString(16)}`);
+      const l = qp.mrs.remote(qp.pd, a.rkey, ACCESS.REMOTE_ATOMIC, a.va, 8);
+      if (!l.ok) return this.rkeyFault(qp, `atomic ${l.fault} rkey=0x${a.rkey.toString(16)}`);
       // Class C: atomics need an 8-byte aligned address (9.4.5); rxe NAKs Invalid Request.
       if ((a.va & 7n) !== 0n) return fatalVerdict(NAK_CODE.INVALID_REQUEST, 'REM_INV_REQ_ERR', 'invalidRequest', 'misaligned atomic');
       return undefined;
@@ -416,30 +425,30 @@ export class Responder {
     return undefined;
   }
 
-  private rkeyFault(ctx: EngineContext, why: string): Verdict {
-    if (ctx.type === 'RC') return fatalVerdict(NAK_CODE.REMOTE_ACCESS_ERROR, 'REM_ACCESS_ERR', 'rkeyViolation', why);
+  private rkeyFault(qp: ResponderQp, why: string): Verdict {
+    if (qp.type === 'RC') return fatalVerdict(NAK_CODE.REMOTE_ACCESS_ERROR, 'REM_ACCESS_ERR', 'rkeyViolation', why);
     // UC, no SRQ: class E, drop the message silently.
-    this.dropMsg = true;
+    qp.respDropMsg = true;
     return { v: 'drop', counter: 'rkeyViolation', abandon: true };
   }
 
   /** rxe execute + do_complete + acknowledge. */
-  private execute(ctx: EngineContext, rq: WorkQueue<RecvWqe>, pkt: RocePacket, info: OpcodeInfo, rx: RxInfo): ResponderOutcome {
+  private execute(qp: ResponderQp, rq: WorkQueue<RecvWqe>, pkt: RocePacket, info: OpcodeInfo, rx: RxInfo): ResponderOutcome {
     switch (info.kind) {
       case 'send': {
-        const r = this.recv!;
-        if (ctx.type === 'UD') {
+        const r = qp.respRecv!;
+        if (qp.type === 'UD') {
           // The receive buffer starts with the 40-byte GRH area: an IPv4 packet's header goes
           // at offset 20 (the first 20 bytes zero), an IPv6 header fills all 40 (as rxe does).
           const grh = buildGrh(rx);
-          if (!scatter(r.segments, 0, grh)) return this.handle(ctx, rq, pkt, info, { v: 'localLength' });
+          if (!scatter(r.segments, 0, grh)) return this.handle(qp, rq, pkt, info, { v: 'localLength' });
           r.offset = GRH_LEN;
         }
         if (!scatter(r.segments, r.offset, pkt.payload)) {
-          if (ctx.type === 'RC') {
-            return this.handle(ctx, rq, pkt, info, fatalVerdict(NAK_CODE.INVALID_REQUEST, 'LOC_LEN_ERR', 'badLength', 'message longer than the receive WQE'));
+          if (qp.type === 'RC') {
+            return this.handle(qp, rq, pkt, info, fatalVerdict(NAK_CODE.INVALID_REQUEST, 'LOC_LEN_ERR', 'badLength', 'message longer than the receive WQE'));
           }
-          return this.handle(ctx, rq, pkt, info, { v: 'localLength' });
+          return this.handle(qp, rq, pkt, info, { v: 'localLength' });
         }
         r.offset += pkt.payload.length;
         break;
@@ -447,49 +456,49 @@ export class Responder {
       case 'write': {
         const n = pkt.payload.length;
         if (n > 0) {
-          const mr = this.writeMr;
-          if (mr === undefined) return this.handle(ctx, rq, pkt, info, this.rkeyFault(ctx, 'WRITE target vanished'));
-          mr.buffer.set(pkt.payload, this.writeOff);
-          this.writeOff += n;
+          const mr = qp.respWriteMr;
+          if (mr === undefined) return this.handle(qp, rq, pkt, info, this.rkeyFault(qp, 'WRITE target vanished'));
+          mr.buffer.set(pkt.payload, qp.respWriteOff);
+          qp.respWriteOff += n;
         }
-        this.writeResid -= n;
+        qp.respWriteResid -= n;
         break;
       }
       case 'readRequest':
-        return this.startRead(ctx, pkt);
+        return this.startRead(qp, pkt);
       case 'atomic':
-        return this.doAtomic(ctx, pkt, info);
+        return this.doAtomic(qp, pkt, info);
       default:
         break;
     }
 
     if (info.invalidate) {
       // Class J: the R_Key to invalidate does not exist (or is not invalidatable).
-      if (!ctx.mrs.invalidate(ctx.pd, pkt.ieth!.rkey)) {
-        return this.handle(ctx, rq, pkt, info, fatalVerdict(NAK_CODE.INVALID_REQUEST, 'REM_INV_REQ_ERR', 'invalidRequest', 'invalid R_Key to invalidate'));
+      if (!qp.mrs.invalidate(qp.pd, pkt.ieth!.rkey)) {
+        return this.handle(qp, rq, pkt, info, fatalVerdict(NAK_CODE.INVALID_REQUEST, 'REM_INV_REQ_ERR', 'invalidRequest', 'invalid R_Key to invalidate'));
       }
     }
-    if (info.end) this.msn = (this.msn + 1) & 0xffffff;
-    this.psn = psnAdd(pkt.bth.psn, 1);
-    this.opcode = info.end ? -1 : pkt.bth.opcode;
+    if (info.end) qp.respMsn = (qp.respMsn + 1) & 0xffffff;
+    qp.respPsn = psnAdd(pkt.bth.psn, 1);
+    qp.respOpcode = info.end ? -1 : pkt.bth.opcode;
     // WRITE with immediate reports the RETH length, so the WRITE state outlives its last packet
     // until the receive completion is built.
-    if (info.consumesRecv && info.end) this.completeRecv(ctx, rq, pkt, info, 'SUCCESS');
-    if (info.end && info.kind === 'write') this.endWrite();
+    if (info.consumesRecv && info.end) this.completeRecv(qp, rq, pkt, info, 'SUCCESS');
+    if (info.end && info.kind === 'write') this.endWrite(qp);
     // Acknowledge (9.7.4.1): RC answers packets with AckReq (the requester sets it on the last
     // packet of a message and every MAX_PKT_PER_ACK); the answers to one receive batch are
     // coalesced into the last one (see `ackPending`).
-    if (ctx.type === 'RC' && pkt.bth.ackReq) {
-      this.ackPending = true;
-      this.ackPsn = pkt.bth.psn;
-      this.ackMsn = this.msn;
+    if (qp.type === 'RC' && pkt.bth.ackReq) {
+      qp.respAckPending = true;
+      qp.respAckPsn = pkt.bth.psn;
+      qp.respAckMsn = qp.respMsn;
     }
     return OK;
   }
 
-  private completeRecv(ctx: EngineContext, rq: WorkQueue<RecvWqe>, pkt: RocePacket, info: OpcodeInfo, status: WcStatus): void {
-    const r = this.recv;
-    this.recv = undefined;
+  private completeRecv(qp: ResponderQp, rq: WorkQueue<RecvWqe>, pkt: RocePacket, info: OpcodeInfo, status: WcStatus): void {
+    const r = qp.respRecv;
+    qp.respRecv = undefined;
     const wqe = r?.wqe ?? rq.peek();
     if (!wqe) return;
     rq.shift();
@@ -500,14 +509,14 @@ export class Responder {
       status,
       opcode: isWriteImm ? 'RECV_RDMA_WITH_IMM' : 'RECV',
       vendorErr: 0,
-      byteLen: status !== 'SUCCESS' ? 0 : isWriteImm ? (this.writing ? this.writeLength : 0) : (r?.offset ?? 0),
-      qpNum: ctx.qpn,
+      byteLen: status !== 'SUCCESS' ? 0 : isWriteImm ? (qp.respWriting ? qp.respWriteLength : 0) : (r?.offset ?? 0),
+      qpNum: qp.qpn,
       srcQp: pkt.deth?.srcQp ?? 0,
       wcFlags: 0,
       pkeyIndex: 0,
     };
     if (status === 'SUCCESS') {
-      if (ctx.type === 'UD') flags |= WC_FLAGS.GRH;
+      if (qp.type === 'UD') flags |= WC_FLAGS.GRH;
       if (pkt.immDt) {
         flags |= WC_FLAGS.WITH_IMM;
         wc.immData = pkt.immDt.data;
@@ -517,45 +526,45 @@ export class Responder {
         wc.invalidatedRkey = pkt.ieth.rkey;
       }
       wc.wcFlags = flags;
-      ctx.counters.rdmaRecvs++;
+      qp.counters.rdmaRecvs++;
     }
-    ctx.postRecvCompletion(wc);
+    qp.postRecvCompletion(wc);
   }
 
-  private startRead(ctx: EngineContext, pkt: RocePacket): ResponderOutcome {
+  private startRead(qp: ResponderQp, pkt: RocePacket): ResponderOutcome {
     const r = pkt.reth!;
-    const mtu = ctx.attrs.pathMtu;
+    const mtu = qp.attrs.pathMtu;
     const npkts = Math.max(1, Math.ceil(r.dmaLength / mtu));
     // C9-148: a READ counts as a completed message as soon as it is accepted.
-    this.msn = (this.msn + 1) & 0xffffff;
+    qp.respMsn = (qp.respMsn + 1) & 0xffffff;
     const res: Resource = {
       kind: 'read', firstPsn: pkt.bth.psn, lastPsn: psnAdd(pkt.bth.psn, npkts - 1),
       va: r.va, length: r.dmaLength, rkey: r.rkey, origValue: 0n,
     };
-    this.remember(res);
-    this.psn = psnAdd(pkt.bth.psn, npkts);
-    this.opcode = -1;
-    this.queueRead(ctx, res, pkt.bth.psn, r.va, r.dmaLength);
+    this.remember(qp, res);
+    qp.respPsn = psnAdd(pkt.bth.psn, npkts);
+    qp.respOpcode = -1;
+    this.queueRead(qp, res, pkt.bth.psn, r.va, r.dmaLength);
     return OK;
   }
 
-  private queueRead(ctx: EngineContext, res: Resource, psn: Psn, va: bigint, len: number): boolean {
+  private queueRead(qp: ResponderQp, res: Resource, psn: Psn, va: bigint, len: number): boolean {
     let mr: MemoryRegion | undefined;
     let off = 0;
     if (len > 0) {
-      const l = ctx.mrs.remote(ctx.pd, res.rkey, ACCESS.REMOTE_READ, va, len);
+      const l = qp.mrs.remote(qp.pd, res.rkey, ACCESS.REMOTE_READ, va, len);
       if (!l.ok) return false;
       mr = l.mr;
       off = l.offset;
     }
-    if (this.jobs === NO_JOBS) this.jobs = [];
-    this.jobs.push({ res, mr: mr ?? EMPTY_MR, psn, off, resid: len, fresh: true, fromStart: psn === res.firstPsn });
+    if (qp.respJobs === NO_JOBS) qp.respJobs = [];
+    qp.respJobs.push({ res, mr: mr ?? EMPTY_MR, psn, off, resid: len, fresh: true, fromStart: psn === res.firstPsn });
     return true;
   }
 
-  private doAtomic(ctx: EngineContext, pkt: RocePacket, info: OpcodeInfo): ResponderOutcome {
+  private doAtomic(qp: ResponderQp, pkt: RocePacket, info: OpcodeInfo): ResponderOutcome {
     const a = pkt.atomicEth!;
-    const l = ctx.mrs.remote(ctx.pd, a.rkey, ACCESS.REMOTE_ATOMIC, a.va, 8);
+    const l = qp.mrs.remote(qp.pd, a.rkey, ACCESS.REMOTE_ATOMIC, a.va, 8);
     if (!l.ok) return OK; // checked by checkRkey
     // Host-order (little-endian) 64-bit operand, as the CPU behind a real HCA sees it.
     const dv = new DataView(l.mr.buffer.buffer, l.mr.buffer.byteOffset + l.offset, 8);
@@ -563,25 +572,25 @@ export class Responder {
     const next = info.name.endsWith('COMPARE_SWAP') ? (orig === a.compare ? a.swapAdd : orig) : BigInt.asUintN(64, orig + a.swapAdd);
     dv.setBigUint64(0, next, true);
     const res: Resource = { kind: 'atomic', firstPsn: pkt.bth.psn, lastPsn: pkt.bth.psn, va: a.va, length: 8, rkey: a.rkey, origValue: orig };
-    this.remember(res);
-    this.msn = (this.msn + 1) & 0xffffff;
-    this.psn = psnAdd(pkt.bth.psn, 1);
-    this.opcode = -1;
-    this.sendAtomicAck(ctx, pkt.bth.psn, orig);
+    this.remember(qp, res);
+    qp.respMsn = (qp.respMsn + 1) & 0xffffff;
+    qp.respPsn = psnAdd(pkt.bth.psn, 1);
+    qp.respOpcode = -1;
+    this.sendAtomicAck(qp, pkt.bth.psn, orig);
     return OK;
   }
 
   /** The responder resource ring holds maxDestRdAtomic entries; the oldest is recycled. */
-  private remember(res: Resource): void {
-    const cap = this.resCap;
+  private remember(qp: ResponderState, res: Resource): void {
+    const cap = qp.respResCap;
     if (cap === 0) return;
-    if (this.resources.length < cap) this.resources.push(res);
-    else this.resources[this.resHead] = res;
-    this.resHead = (this.resHead + 1) % cap;
+    if (qp.respResources.length < cap) qp.respResources.push(res);
+    else qp.respResources[qp.respResHead] = res;
+    qp.respResHead = (qp.respResHead + 1) % cap;
   }
 
-  private findResource(psn: Psn): Resource | undefined {
-    for (const r of this.resources) {
+  private findResource(qp: ResponderState, psn: Psn): Resource | undefined {
+    for (const r of qp.respResources) {
       if (r && psnDiff(psn, r.firstPsn) >= 0 && psnDiff(psn, r.lastPsn) <= 0) return r;
     }
     return undefined;
@@ -590,81 +599,81 @@ export class Responder {
   // ---------------------------------------------------------------------------------------
   // Verdicts
 
-  private handle(ctx: EngineContext, rq: WorkQueue<RecvWqe>, pkt: RocePacket, info: OpcodeInfo, v: Verdict): ResponderOutcome {
+  private handle(qp: ResponderQp, rq: WorkQueue<RecvWqe>, pkt: RocePacket, info: OpcodeInfo, v: Verdict): ResponderOutcome {
     switch (v.v) {
       case 'drop':
-        if (v.counter) ctx.counters[v.counter]++;
-        if (v.abandon) this.abandonUc(ctx);
+        if (v.counter) qp.counters[v.counter]++;
+        if (v.abandon) this.abandonUc(qp);
         return OK;
       case 'nakSeq':
         // Class B: NAK with the PSN we expect (9.7.4.1.4).
-        this.sendAck(ctx, nakSyndrome(NAK_CODE.PSN_SEQUENCE_ERROR), this.psn);
+        this.sendAck(qp, nakSyndrome(NAK_CODE.PSN_SEQUENCE_ERROR), qp.respPsn);
         return OK;
       case 'duplicate':
-        return this.duplicate(ctx, pkt, info);
+        return this.duplicate(qp, pkt, info);
       case 'rnr':
-        if (ctx.type === 'RC') {
+        if (qp.type === 'RC') {
           // Class B: Receiver Not Ready, with our minimum RNR timer (9.7.5.2.8); the packet is dropped.
-          ctx.counters.sndRnr++;
-          this.sendAck(ctx, rnrNakSyndrome(ctx.attrs.minRnrTimer), pkt.bth.psn);
+          qp.counters.sndRnr++;
+          this.sendAck(qp, rnrNakSyndrome(qp.attrs.minRnrTimer), pkt.bth.psn);
         } else {
           // UC/UD class D: no receive WQE, drop the message.
-          ctx.counters.noRecvWqe++;
-          if (ctx.type === 'UC') {
-            this.dropMsg = true;
-            this.abandonUc(ctx);
+          qp.counters.noRecvWqe++;
+          if (qp.type === 'UC') {
+            qp.respDropMsg = true;
+            this.abandonUc(qp);
           }
         }
         return OK;
       case 'localLength':
-        ctx.counters.badLength++;
-        this.completeRecv(ctx, rq, pkt, info, 'LOC_LEN_ERR');
-        if (ctx.type === 'UC') {
-          this.dropMsg = true;
-          this.abandonUc(ctx);
+        qp.counters.badLength++;
+        this.completeRecv(qp, rq, pkt, info, 'LOC_LEN_ERR');
+        if (qp.type === 'UC') {
+          qp.respDropMsg = true;
+          this.abandonUc(qp);
         }
         return OK;
       case 'fatal':
-        ctx.counters[v.counter]++;
+        qp.counters[v.counter]++;
         // Classes A, C, J (9.9.3.1): NAK, complete the receive WQE in progress in error, QP → ERR.
-        if (ctx.type === 'RC') this.sendAck(ctx, nakSyndrome(v.nak), pkt.bth.psn);
-        if (this.recv) this.completeRecv(ctx, rq, pkt, info, v.status);
+        if (qp.type === 'RC') this.sendAck(qp, nakSyndrome(v.nak), pkt.bth.psn);
+        if (qp.respRecv) this.completeRecv(qp, rq, pkt, info, v.status);
         return { kind: 'fatal', reason: v.why };
     }
   }
 
   /** Duplicates (9.7.4.1.2, C9-104..C9-112). */
-  private duplicate(ctx: EngineContext, pkt: RocePacket, info: OpcodeInfo): ResponderOutcome {
+  private duplicate(qp: ResponderQp, pkt: RocePacket, info: OpcodeInfo): ResponderOutcome {
     if (info.kind === 'send' || info.kind === 'write') {
       // Not executed again; acknowledge what we have (rxe: the PSN before the expected one).
-      this.sendAck(ctx, ackSyndrome(), psnAdd(this.psn, -1));
+      this.sendAck(qp, ackSyndrome(), psnAdd(qp.respPsn, -1));
       return OK;
     }
-    const res = this.findResource(pkt.bth.psn);
+    const res = this.findResource(qp, pkt.bth.psn);
     if (info.kind === 'readRequest') {
       const r = pkt.reth!;
       // Re-executed, but only as a subset of the original request (C9-112 area); otherwise class D.
       if (!res || res.kind !== 'read' || r.rkey !== res.rkey || r.va < res.va ||
           r.va + BigInt(r.dmaLength) > res.va + BigInt(res.length)) {
-        ctx.counters.dupNoResource++;
+        qp.counters.dupNoResource++;
         return OK;
       }
-      for (let i = this.jobs.length - 1; i >= 0; i--) if (this.jobs[i]!.res === res) this.jobs.splice(i, 1);
-      if (!this.queueRead(ctx, res, pkt.bth.psn, r.va, r.dmaLength)) {
-        ctx.counters.dupNoResource++;
+      for (let i = qp.respJobs.length - 1; i >= 0; i--) if (qp.respJobs[i]!.res === res) qp.respJobs.splice(i, 1);
+      if (!this.queueRead(qp, res, pkt.bth.psn, r.va, r.dmaLength)) {
+        qp.counters.dupNoResource++;
         return OK;
       }
-      ctx.counters.dupReadReplay++;
+      qp.counters.dupReadReplay++;
       return OK;
     }
     if (info.kind === 'atomic') {
       // Replayed from the cache, never executed twice (C9-111).
       if (!res || res.kind !== 'atomic' || res.firstPsn !== pkt.bth.psn) {
-        ctx.counters.dupNoResource++;
+        qp.counters.dupNoResource++;
         return OK;
       }
-      ctx.counters.dupAtomicReplay++;
-      this.sendAtomicAck(ctx, pkt.bth.psn, res.origValue);
+      qp.counters.dupAtomicReplay++;
+      this.sendAtomicAck(qp, pkt.bth.psn, res.origValue);
       return OK;
     }
     return OK;
@@ -674,20 +683,20 @@ export class Responder {
   // Output
 
   /** Sends the coalesced ACK, if one is waiting. */
-  flushAck(ctx: EngineContext): void {
-    if (!this.ackPending) return;
-    this.ackPending = false;
-    this.writeAck(ctx, ackSyndrome(), this.ackPsn, this.ackMsn);
+  flushAck(qp: ResponderQp): void {
+    if (!qp.respAckPending) return;
+    qp.respAckPending = false;
+    this.writeAck(qp, ackSyndrome(), qp.respAckPsn, qp.respAckMsn);
   }
 
-  private sendAck(ctx: EngineContext, syndrome: number, psn: Psn): void {
-    this.flushAck(ctx);
-    this.writeAck(ctx, syndrome, psn, this.msn);
+  private sendAck(qp: ResponderQp, syndrome: number, psn: Psn): void {
+    this.flushAck(qp);
+    this.writeAck(qp, syndrome, psn, qp.respMsn);
   }
 
-  private writeAck(ctx: EngineContext, syndrome: number, psn: Psn, msn: number): void {
+  private writeAck(qp: ResponderQp, syndrome: number, psn: Psn, msn: number): void {
     const h = ACK_HEADERS;
-    const qpn = ctx.attrs.destQpNum;
+    const qpn = qp.attrs.destQpNum;
     h[5] = qpn >>> 16;
     h[6] = qpn >>> 8;
     h[7] = qpn;
@@ -698,69 +707,72 @@ export class Responder {
     h[13] = msn >>> 16;
     h[14] = msn >>> 8;
     h[15] = msn;
-    ctx.transmit(ctx.attrs.dest!, ACK_PARTS);
+    qp.transmit(qp.attrs.dest!, ACK_PARTS);
   }
 
-  private sendAtomicAck(ctx: EngineContext, psn: Psn, orig: bigint): void {
-    this.flushAck(ctx);
-    const f = this.f;
+  private sendAtomicAck(qp: ResponderQp, psn: Psn, orig: bigint): void {
+    this.flushAck(qp);
+    const f = RESPONSE_FIELDS;
     f.opcode = RC_ATOMIC_ACK;
-    f.destQp = ctx.attrs.destQpNum;
+    f.destQp = qp.attrs.destQpNum;
     f.psn = psn;
     f.ackReq = false;
     f.se = false;
     f.padCount = 0;
     f.syndrome = ackSyndrome();
-    f.msn = this.msn;
+    f.msn = qp.respMsn;
     f.origData = orig;
-    clearParts(this.parts);
-    this.parts.push(this.hb.build(f));
-    ctx.transmit(ctx.attrs.dest!, this.parts);
-    clearParts(this.parts); // nothing of this packet stays reachable from the QP
+    clearParts(RESPONSE_PARTS);
+    RESPONSE_PARTS.push(SHARED_HEADER_BUILDER.build(f));
+    qp.transmit(qp.attrs.dest!, RESPONSE_PARTS);
+    clearParts(RESPONSE_PARTS); // nothing of this packet stays reachable from the QP
   }
 
   /** Sends up to `budget` READ response packets (rxe read_reply); returns how many. */
-  emitReads(ctx: EngineContext, budget: number): number {
+  emitReads(qp: ResponderQp, budget: number): number {
     let sent = 0;
-    if (this.jobs.length > 0) this.flushAck(ctx);
-    const mtu = ctx.attrs.pathMtu;
-    while (sent < budget && this.jobs.length > 0) {
-      const job = this.jobs[0]!;
+    if (qp.respJobs.length > 0) this.flushAck(qp);
+    const mtu = qp.attrs.pathMtu;
+    while (sent < budget && qp.respJobs.length > 0) {
+      const job = qp.respJobs[0]!;
       const n = Math.min(job.resid, mtu);
       const isLast = job.resid <= mtu;
       let opcode: number;
       if (job.fresh && job.fromStart) opcode = isLast ? RESP_ONLY : RESP_FIRST;
       else opcode = isLast ? RESP_LAST : RESP_MIDDLE;
-      const f = this.f;
+      const f = RESPONSE_FIELDS;
       f.opcode = opcode;
-      f.destQp = ctx.attrs.destQpNum;
+      f.destQp = qp.attrs.destQpNum;
       f.psn = job.psn;
       f.ackReq = false;
       f.se = false;
       f.padCount = padFor(n);
       f.syndrome = ackSyndrome();
-      f.msn = this.msn;
-      const parts = this.parts;
+      f.msn = qp.respMsn;
+      const parts = RESPONSE_PARTS;
       clearParts(parts);
-      parts.push(this.hb.build(f));
+      parts.push(SHARED_HEADER_BUILDER.build(f));
       if (n > 0) parts.push(job.mr.buffer.subarray(job.off, job.off + n));
       if (f.padCount) parts.push(PAD[f.padCount]!);
-      ctx.transmit(ctx.attrs.dest!, parts);
+      qp.transmit(qp.attrs.dest!, parts);
       clearParts(parts);
       sent++;
       job.fresh = false;
       job.psn = psnAdd(job.psn, 1);
       job.off += n;
       job.resid -= n;
-      if (isLast) this.jobs.shift();
+      if (isLast) qp.respJobs.shift();
     }
     return sent;
   }
 
-  private flushReads(ctx: EngineContext): void {
-    while (this.jobs.length > 0) this.emitReads(ctx, 1 << 30);
+  private flushReads(qp: ResponderQp): void {
+    while (qp.respJobs.length > 0) this.emitReads(qp, 1 << 30);
   }
 }
+
+/** The responder of every QP. */
+export const RESPONDER = new Responder();
 
 const EMPTY_MR = { buffer: new Uint8Array(0) } as MemoryRegion;
 

@@ -68,7 +68,7 @@ function bytesFor(p: RocePacket, forSend: boolean): Uint8Array {
 
 function templates(w: World): Uint8Array[] {
   const bytes = (p: RocePacket): Uint8Array => bytesFor(p, w.la.caps.icrcGenerate);
-  const psn = w.qb.core.responder.psn;
+  const psn = w.qb.core.respPsn;
   const bth = (name: string, o: Partial<RocePacket['bth']> = {}): RocePacket['bth'] => ({
     opcode: opcodeOf(name), se: false, m: false, padCount: 0, tver: 0, pkey: 0xffff, fecn: false, becn: false, resv6: 0,
     destQp: w.qb.qpNum, ackReq: true, resv7: 0, psn, ...o,
@@ -180,12 +180,12 @@ for (const icrc of [false, true]) {
     // A last input that was an accepted FIRST/MIDDLE leaves B's responder inside a message, where a
     // new ONLY is an invalid opcode sequence (class C, 9.7.4.1.3): QP to ERR, rightly. That pair has
     // done nothing wrong either; the checks below need one between messages.
-    if (w.qb.state === 'ERR' || w.qa.state === 'ERR' || w.qb.core.responder.inMessage) fresh(w);
+    if (w.qb.state === 'ERR' || w.qa.state === 'ERR' || w.qb.core.responder.inMessage(w.qb.core)) fresh(w);
     // Usable, as a responder: a well-formed WRITE at its expected PSN lands in memory…
     pollCq(w.b.cq, 4096);
     const write = bytesFor({
       bth: { opcode: opcodeOf('RC_RDMA_WRITE_ONLY'), se: false, m: false, padCount: 0, tver: 0, pkey: 0xffff, fecn: false, becn: false, resv6: 0,
-        destQp: w.qb.qpNum, ackReq: true, resv7: 0, psn: w.qb.core.responder.psn },
+        destQp: w.qb.qpNum, ackReq: true, resv7: 0, psn: w.qb.core.respPsn },
       reth: { va: w.mrB.addr + 200n, rkey: w.mrB.rkey, dmaLength: 16 }, payload: new Uint8Array(16).fill(0x77), icrc: 0,
     }, true);
     w.la.send(w.lb.local, w.la.local.port, [write]);
@@ -195,7 +195,7 @@ for (const icrc of [false, true]) {
     postRecv(w.qa, { wrId: 5, sgList: [w.mrA.sge(0, 64)] });
     postSend(w.qb, { wrId: 99, opcode: 'SEND', sgList: [w.mrB.sge(0, 16)] });
     w.clock.run(120_000_000);
-    t.match(pollCq(w.b.cq, 4096).filter((x) => x.wrId === 99), [{ status: 'SUCCESS' }], 'a SEND from the fuzzed QP completes afterwards', { diag: { stateB: w.qb.state, reasonB: w.qb.core.stateReason, stateA: w.qa.state, reasonA: w.qa.core.stateReason, aRespPsn: w.qa.core.responder.psn, bSq: w.qb.core.attrs.sqPsn, bCounters: w.b.ctx.counters } });
+    t.match(pollCq(w.b.cq, 4096).filter((x) => x.wrId === 99), [{ status: 'SUCCESS' }], 'a SEND from the fuzzed QP completes afterwards', { diag: { stateB: w.qb.state, reasonB: w.qb.core.stateReason, stateA: w.qa.state, reasonA: w.qa.core.stateReason, aRespPsn: w.qa.core.respPsn, bSq: w.qb.core.attrs.sqPsn, bCounters: w.b.ctx.counters } });
     const secs = (Date.now() - t0) / 1000;
     t.ok(tried > 100, `${tried} inputs in ${secs.toFixed(1)} s: ${Math.round(tried / secs)} inputs/s; slowest ${maxMs.toFixed(1)} ms; ${reconnects} QP pairs replaced after legitimate errors`);
     t.comment(`ingress fuzz ICRC ${icrc ? 'on' : 'off'}: ${tried} inputs, ${Math.round(tried / secs)}/s, slowest input ${maxMs.toFixed(1)} ms`);

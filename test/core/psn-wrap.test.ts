@@ -28,7 +28,7 @@ for (const lossy of [false, true]) {
     // 0xfffff0 + 64 (WRITE) + 64 (READ) + 64 (SEND) wraps to 0xb0.
     t.equal(qa.core.reqPsn, 0xb0, 'requester PSN wrapped');
     t.equal(qa.core.compPsn, 0xb0, 'completer PSN wrapped');
-    t.equal(qb.core.responder.psn, 0xb0, 'responder PSN wrapped');
+    t.equal(qb.core.respPsn, 0xb0, 'responder PSN wrapped');
     if (lossy) t.ok(p.a.ctx.counters.retransPkts > 0, 'losses were repaired across the wrap');
   });
 }

@@ -100,7 +100,7 @@ t.test('checkResource', async (t) => {
     t.equal(out[0]!.bth.psn, E);
     t.equal(out[0]!.aeth!.msn, 0);
     t.equal(h.counters.sndRnr, 1);
-    t.equal(h.qp.responder.psn, E, 'ePSN unchanged: the SEND will be retried');
+    t.equal(h.qp.respPsn, E, 'ePSN unchanged: the SEND will be retried');
   });
   t.test('UD class D: no receive WQE → dropped, counted', async (t) => {
     const h = new EngineHarness('UD');
@@ -204,7 +204,7 @@ t.test('READ: response packets, then a duplicate READ is re-executed from its PS
   t.same(h.names(out), ['RDMA_READ_RESPONSE_FIRST@500', 'RDMA_READ_RESPONSE_MIDDLE@501', 'RDMA_READ_RESPONSE_LAST@502']);
   t.equal(out[0]!.aeth!.msn, 1, 'C9-148: MSN counts the READ at once');
   t.same(Buffer.concat(out.map((p) => p.payload)), Buffer.from(mr.buffer));
-  t.equal(h.qp.responder.psn, E + 3);
+  t.equal(h.qp.respPsn, E + 3);
   // The requester lost response 501 and asks again from there, for the rest.
   h.send({ bth: bth('RC_RDMA_READ_REQUEST', E + 1, { ackReq: true }), reth: { va: mr.va(256), rkey: mr.rkey, dmaLength: 344 } });
   const again = h.poll();

@@ -175,7 +175,7 @@ function checkRecv(
 
 function dump(qa: Qp, qb: Qp, a: Side, b: Side): string {
   const q = (x: Qp): unknown => ({
-    qpn: x.qpNum, state: x.state, reqPsn: x.core.reqPsn, compPsn: x.core.compPsn, respPsn: x.core.responder.psn,
+    qpn: x.qpNum, state: x.state, reqPsn: x.core.reqPsn, compPsn: x.core.compPsn, respPsn: x.core.respPsn,
     sq: x.core.sqLength, rq: x.core.rq.length, pollAt: x.core.pollAt(),
   });
   const nz = (c: object): object => Object.fromEntries(Object.entries(c).filter(([, v]) => v !== 0));
