@@ -58,9 +58,10 @@ export type CounterName = (typeof COUNTER_NAMES)[number];
 export type Counters = Record<CounterName, number>;
 
 export function newCounters(): Counters {
-  const c = {} as Counters;
-  for (const n of COUNTER_NAMES) c[n] = 0;
-  return c;
+  // Built in one go, not by a store per name: V8 turns an object that gains more than a dozen
+  // properties through computed-key stores into a hash table, and every `counters.x++` of the
+  // engines (one or two per packet) then went through the generic property lookup.
+  return Object.fromEntries(COUNTER_NAMES.map((n) => [n, 0])) as Counters;
 }
 
 /** Sum of the counters that record a dropped packet, for "everything accounted for" checks. */

@@ -32,6 +32,12 @@ export class MemoryRegion {
   /** True once a SEND with Invalidate (or `invalidate()`) has revoked the R_Key. */
   rkeyInvalidated = false;
   deregistered = false;
+  /**
+   * The region's memory and where it starts in it, read once: `buffer.buffer` is a call into the
+   * runtime each time, and every resolved SGE (one per message) makes a view of it.
+   */
+  readonly memory: ArrayBufferLike;
+  readonly memoryOffset: number;
 
   constructor(
     readonly pd: ProtectionDomain,
@@ -40,7 +46,10 @@ export class MemoryRegion {
     readonly lkey: Lkey,
     readonly rkey: Rkey,
     readonly access: number,
-  ) {}
+  ) {
+    this.memory = buffer.buffer;
+    this.memoryOffset = buffer.byteOffset;
+  }
 
   get length(): number {
     return this.buffer.length;
@@ -157,8 +166,7 @@ export function resolveSges(
     if (off === undefined) return undefined;
     // A plain view: Buffer's subarray goes through its own JS wrapper (FastBuffer), twice the cost
     // per message for what the engines use as a Uint8Array.
-    const b = mr.buffer;
-    out.push(new Uint8Array(b.buffer, b.byteOffset + off, s.length));
+    out.push(new Uint8Array(mr.memory, mr.memoryOffset + off, s.length));
   }
   return out;
 }

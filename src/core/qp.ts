@@ -670,12 +670,12 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState,
     }
   }
 
-  /** Retires the head send WQE successfully (completer, or UC/UD after the last packet). */
   /** The completer's way to retire the head WQE (`CompleterContext`). */
   retireWqe(wqe: SendWqe): void {
     this.retire(wqe);
   }
 
+  /** Retires the head send WQE successfully (completer, or UC/UD after the last packet). */
   private retire(wqe: SendWqe): void {
     if (this.sqPeek() !== wqe) return;
     this.sqShift();

@@ -27,7 +27,7 @@ export interface RxMeta {
   /** ICRC verdict (never `bad`: bad packets are counted and dropped by the link). */
   icrc: IcrcStatus;
   /** IPv4 ID the ICRC implied, when it was recovered. */
-  ipId?: number;
+  ipId?: number | undefined;
   /** The IP header carried ECN CE. Only links that can see it set it (not node:dgram). */
   ce: boolean;
   /** Receive time on the link's clock, µs. */
@@ -68,7 +68,7 @@ export interface Link {
   send(dst: PeerAddress, srcPort: number, parts: readonly Uint8Array[]): void;
   /**
    * Registers the single receive handler. `payload` is the whole UDP payload including the
-   * ICRC; it is valid only until the handler returns (the link may reuse the memory).
+   * ICRC; it and `meta` are valid only until the handler returns (the link may reuse both).
    */
   onReceive(handler: LinkRxHandler): void;
   /**

@@ -311,6 +311,8 @@ export class UdpLink implements WireLink {
   private txKeyPorts = -1;
   /** While a recvmmsg batch is delivered: when it was read. */
   private rxAt: number | undefined;
+  private readonly rxMeta: RxMeta = { src: { address: '', port: 0 }, icrc: 'unchecked', ipId: undefined, ce: false, at: 0 };
+  private rxMetaInUse = false;
   private handler: LinkRxHandler | undefined;
   private rxHook: RxHook | undefined;
   private probeNonce: Uint8Array | undefined;
@@ -950,11 +952,27 @@ export class UdpLink implements WireLink {
       return;
     }
     this.counters.received++;
-    const meta: RxMeta = { src, icrc: ICRC_STATUS[v]!, ce, at: this.rxAt ?? this.clock.now() };
-    if (v !== ICRC_UNCHECKED && this.caps.family === 4) {
-      meta.ipId = verdict >= 0 ? receivedIpId(verdict) : verified.ipId;
+    const ipId = v !== ICRC_UNCHECKED && this.caps.family === 4 ? (verdict >= 0 ? receivedIpId(verdict) : verified.ipId) : undefined;
+    const at = this.rxAt ?? this.clock.now();
+    // One record for every datagram, as the payload is a view the next read reuses: a fresh one per
+    // datagram was an allocation per packet, and one per ACK on a side that sends. A handler that
+    // receives again from inside its call (a nested read) gets a record of its own.
+    if (this.rxMetaInUse) {
+      this.handler?.(datagram, { src, icrc: ICRC_STATUS[v]!, ipId, ce, at });
+      return;
     }
-    this.handler?.(datagram, meta);
+    const meta = this.rxMeta;
+    meta.src = src;
+    meta.icrc = ICRC_STATUS[v]!;
+    meta.ipId = ipId;
+    meta.ce = ce;
+    meta.at = at;
+    this.rxMetaInUse = true;
+    try {
+      this.handler?.(datagram, meta);
+    } finally {
+      this.rxMetaInUse = false;
+    }
   }
 
   /** The ICRC check of one datagram (`verifyIcrc`, or `verifyIcrc6` with the last peer's key words). */

@@ -40,10 +40,10 @@ export interface Received {
   meta: RxMeta;
 }
 
-/** Records everything `link` delivers (payloads copied: they are valid only during the call). */
+/** Records everything `link` delivers (payloads and their records copied: they are valid only during the call). */
 export function recorder(link: Link): Received[] {
   const got: Received[] = [];
-  link.onReceive((payload, meta) => got.push({ payload: payload.slice(), meta }));
+  link.onReceive((payload, meta) => got.push({ payload: payload.slice(), meta: { ...meta, src: { ...meta.src } } }));
   return got;
 }
 
