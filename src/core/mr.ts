@@ -38,6 +38,8 @@ export class MemoryRegion {
    */
   readonly memory: ArrayBufferLike;
   readonly memoryOffset: number;
+  /** A plain view of the whole region: an SGE that covers it (one buffer per message) needs no view of its own. */
+  readonly whole: Uint8Array;
 
   constructor(
     readonly pd: ProtectionDomain,
@@ -49,6 +51,7 @@ export class MemoryRegion {
   ) {
     this.memory = buffer.buffer;
     this.memoryOffset = buffer.byteOffset;
+    this.whole = new Uint8Array(this.memory, this.memoryOffset, buffer.length);
   }
 
   get length(): number {
@@ -166,7 +169,7 @@ export function resolveSges(
     if (off === undefined) return undefined;
     // A plain view: Buffer's subarray goes through its own JS wrapper (FastBuffer), twice the cost
     // per message for what the engines use as a Uint8Array.
-    out.push(new Uint8Array(mr.memory, mr.memoryOffset + off, s.length));
+    out.push(off === 0 && s.length === mr.whole.length ? mr.whole : new Uint8Array(mr.memory, mr.memoryOffset + off, s.length));
   }
   return out;
 }

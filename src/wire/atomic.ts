@@ -25,10 +25,10 @@ export function parseAtomicEth(b: Uint8Array, off: number): AtomicEth {
 }
 
 export function emitAtomicEth(h: AtomicEth, b: Uint8Array, off: number): number {
-  writeU64(b, off, BigInt.asUintN(64, h.va));
+  writeU64(b, off, h.va);
   writeU32(b, off + 8, h.rkey >>> 0);
-  writeU64(b, off + 12, BigInt.asUintN(64, h.swapAdd));
-  writeU64(b, off + 20, BigInt.asUintN(64, h.compare));
+  writeU64(b, off + 12, h.swapAdd);
+  writeU64(b, off + 20, h.compare);
   return off + 28;
 }
 
@@ -37,6 +37,6 @@ export function parseAtomicAckEth(b: Uint8Array, off: number): AtomicAckEth {
 }
 
 export function emitAtomicAckEth(h: AtomicAckEth, b: Uint8Array, off: number): number {
-  writeU64(b, off, BigInt.asUintN(64, h.originalData));
+  writeU64(b, off, h.originalData);
   return off + 8;
 }

@@ -3,7 +3,8 @@
  *
  * Plain byte arithmetic on Uint8Array rather than a DataView: it needs no view object per
  * packet, and it keeps every codec a pure function of (bytes, offset). 32-bit reads use
- * multiplication for the top byte so the result is never a negative int32.
+ * multiplication for the top byte so the result is never a negative int32. 64-bit fields are
+ * the exception (below).
  */
 
 export function readU16(b: Uint8Array, off: number): number {
@@ -36,13 +37,22 @@ export function writeU32(b: Uint8Array, off: number, v: number): void {
   b[off + 3] = v;
 }
 
+// 64-bit fields (RETH and AtomicETH addresses, CM identifiers) go through one 8-byte scratch and
+// its DataView, whose BigInt accessors compile to plain loads and stores: assembling a BigInt from
+// two 32-bit halves (or splitting one) allocated four intermediate BigInts and called into the
+// runtime twice for every RDMA request. The scratch is module-wide: nothing holds it across calls.
+const U64 = new Uint8Array(8);
+const U64_VIEW = new DataView(U64.buffer);
+
 export function readU64(b: Uint8Array, off: number): bigint {
-  return (BigInt(readU32(b, off)) << 32n) | BigInt(readU32(b, off + 4));
+  for (let i = 0; i < 8; i++) U64[i] = b[off + i]!;
+  return U64_VIEW.getBigUint64(0);
 }
 
+/** Writes `v` modulo 2^64 (as `BigInt.asUintN(64, v)`). */
 export function writeU64(b: Uint8Array, off: number, v: bigint): void {
-  writeU32(b, off, Number((v >> 32n) & 0xffffffffn));
-  writeU32(b, off + 4, Number(v & 0xffffffffn));
+  U64_VIEW.setBigUint64(0, v);
+  for (let i = 0; i < 8; i++) b[off + i] = U64[i]!;
 }
 
 /** Lower-case hex of a byte range, for traces and test names. */

@@ -15,7 +15,7 @@ export function parseReth(b: Uint8Array, off: number): Reth {
 }
 
 export function emitReth(h: Reth, b: Uint8Array, off: number): number {
-  writeU64(b, off, BigInt.asUintN(64, h.va));
+  writeU64(b, off, h.va);
   writeU32(b, off + 8, h.rkey >>> 0);
   writeU32(b, off + 12, h.dmaLength >>> 0);
   return off + 16;
