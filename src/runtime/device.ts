@@ -330,7 +330,9 @@ export class Device {
         this.link.readWaiting?.();
         if (this.closed) return;
       }
-      this.runQp(qp);
+      // The reading the deadlines were judged by, one for every entry that came up (as `runBatch`
+      // does): with thousands of QPs, most of them come up only to re-arm, and each read the clock.
+      this.runQp(qp, now);
     }
     const next = d.topAt();
     if (next !== undefined && next < this.armedAt) this.arm(next);
