@@ -88,6 +88,24 @@ export class Completer {
     if (psnDiff(psn, ctx.compPsn) > 0) ctx.compPsn = psn;
   }
 
+  /**
+   * The usual answer with one message in flight per QP, taken without the general path: a plain ACK
+   * (syndrome `syn`) of exactly the head WQE's last PSN, in order, with no READ response sequence
+   * under way. It retires the WQE and returns true, as `onResponse` would with PROGRESS; anything else
+   * returns false having changed nothing, and goes to `onResponse`. A coalesced ACK (one PSN for
+   * several WQEs) is not this case: it retires them in `onResponse`'s loop.
+   */
+  ackOfHead(ctx: CompleterContext, psn: Psn, syn: number): boolean {
+    if ((syn & 0x60) !== 0 || ctx.compOpcode !== -1) return false; // a NAK or RNR NAK; a READ under way
+    const wqe = ctx.sqPeek();
+    if (wqe === undefined || psn !== wqe.lastPsn || wqe.readOrAtomic || (wqe.state !== 'pending' && wqe.state !== 'processing') ||
+        psnDiff(psn, ctx.compPsn) < 0) return false;
+    this.resetRetryCounters(ctx);
+    ctx.compPsn = psnAdd(psn, 1);
+    ctx.retireWqe(wqe);
+    return true;
+  }
+
   /** Processes one response packet. */
   onResponse(ctx: CompleterContext, pkt: RocePacket, info: OpcodeInfo): CompleterAction {
     let progressed = false;

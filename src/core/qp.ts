@@ -511,6 +511,18 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState,
     this.apply(now, this.completer.onResponse(this, pkt, info));
   }
 
+  /**
+   * A plain ACK the device matched to this RC QP (state, key and address checked), given by its PSN
+   * and syndrome: true when it was the usual one, which retired the head WQE (`Completer.ackOfHead`);
+   * false, with nothing changed, for anything the general path (`onPacket`) must see.
+   */
+  onAck(now: Micros, psn: Psn, syndrome: number): boolean {
+    this.now = now;
+    if (!this.completer.ackOfHead(this, psn, syndrome)) return false;
+    this.progressed(now);
+    return true;
+  }
+
   /** Does the work that is due: timers, then sending (requests, then READ responses). Returns packets sent. */
   poll(now: Micros, budget: number = MAX_PKTS_PER_POLL): number {
     this.now = now;
@@ -642,16 +654,7 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState,
       case 'none':
         return;
       case 'progress':
-        // rxe UPDATE_COMP: restart the timer while anything is outstanding, at its own length.
-        this.ackBackoff = 0;
-        if (this.rttPsn >= 0 && psnDiff(this.compPsn, this.rttPsn) > 0) {
-          const sample = now - this.rttSentAt;
-          this.srttUs = this.srttUs === 0 ? Math.round(sample) : Math.round(this.srttUs + (sample - this.srttUs) / 8);
-          this.rttPsn = -1;
-        }
-        if (this.outstanding()) this.armAckTimer(now);
-        else this.ackDeadline = undefined;
-        this.checkSqDrained();
+        this.progressed(now);
         return;
       case 'retry':
         this.requester.rewind(this, a.from);
@@ -668,6 +671,19 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState,
         this.failSend(a.wqe, a.status, a.vendorErr, `completer: ${a.status}`);
         return;
     }
+  }
+
+  /** The completer made progress: rxe UPDATE_COMP restarts the timer while anything is outstanding, at its own length. */
+  private progressed(now: Micros): void {
+    this.ackBackoff = 0;
+    if (this.rttPsn >= 0 && psnDiff(this.compPsn, this.rttPsn) > 0) {
+      const sample = now - this.rttSentAt;
+      this.srttUs = this.srttUs === 0 ? Math.round(sample) : Math.round(this.srttUs + (sample - this.srttUs) / 8);
+      this.rttPsn = -1;
+    }
+    if (this.outstanding()) this.armAckTimer(now);
+    else this.ackDeadline = undefined;
+    this.checkSqDrained();
   }
 
   /** The completer's way to retire the head WQE (`CompleterContext`). */

@@ -29,8 +29,8 @@ import { MrTable, ProtectionDomain } from '../core/mr.js';
 import { QueuePair, type QpIo } from '../core/qp.js';
 import type { AsyncEvent, Endpoint, QpCap, QpState, QpType, Qpn } from '../core/types.js';
 import { DEFAULT_PKEY } from '../wire/constants.js';
-import type { OpcodeInfo } from '../wire/opcode.js';
-import { ACK_INFO, newAckRecord, parseAckInto, parsePacket, type RocePacket } from '../wire/packet.js';
+import { ACK_INFO, ACK_LEN, newAckRecord, parseAckInto, parsePacket, type RocePacket } from '../wire/packet.js';
+import { OPCODE, type OpcodeInfo } from '../wire/opcode.js';
 import { Gsi } from '../cm/gsi.js';
 import { VirtualClock, type Clock, type TimerHandle } from './clock.js';
 import { DeadlineHeap } from './deadline-heap.js';
@@ -73,6 +73,8 @@ const MAX_HEADER_OVERHEAD = 80;
  * each of them, and a batch that woke many is a stream, whose ACKs should not wait.
  */
 const DEFER_ACK_MAX_QPS = 4;
+
+const RC_ACKNOWLEDGE = OPCODE['RC_ACKNOWLEDGE']!;
 
 export class Device {
   readonly link: Link;
@@ -409,6 +411,7 @@ export class Device {
   /** Ingress, in rxe_rcv's order. Never throws. */
   receive(payload: Uint8Array, meta: RxMeta): void {
     if (this.closed) return;
+    if (this.usualAck(payload, meta)) return;
     // A plain ACK is parsed into one reused record: with many connections it is one packet in two
     // (one per message each way), and the engines read a response packet only during the call. A
     // receive nested in that call (a completion hook feeding the device at once) gets its own record.
@@ -421,6 +424,28 @@ export class Device {
     const parsed = parsePacket(payload, 0, payload.length);
     if (!parsed.ok) return this.drop('malformed', `${parsed.error}: ${parsed.detail}`);
     this.deliver(payload, meta, parsed.packet, parsed.info);
+  }
+
+  /**
+   * With many connections every message gets an ACK of its own, and most are the usual one: a plain
+   * ACK from a QP's peer that retires its oldest WQE. That case is read straight from the bytes and
+   * handed to the QP (`QueuePair.onAck`), without the general path's record and dispatch. Anything
+   * else — another opcode, a QP that would refuse it, a NAK, an ACK of several messages — returns
+   * false having changed nothing, and takes the general path, which drops and counts what it must.
+   */
+  private usualAck(b: Uint8Array, meta: RxMeta): boolean {
+    // Opcode, then PadCnt and TVer (0), as parseAckInto checks them.
+    if (b.length !== ACK_LEN || b[0] !== RC_ACKNOWLEDGE || (b[1]! & 0x3f) !== 0) return false;
+    const qp = this.lookupQp((b[5]! << 16) | (b[6]! << 8) | b[7]!);
+    if (qp === undefined || qp.type !== 'RC') return false;
+    const st = qp.state;
+    if ((st !== 'RTS' && st !== 'SQD') || (((b[2]! << 8) | b[3]!) & 0x7fff) !== (DEFAULT_PKEY & 0x7fff)) return false;
+    if (this.normalize(meta.src.address) !== qp.dest?.address) return false;
+    const now = this.rxTimeOnClock ? meta.at : this.clock.now();
+    if (!qp.onAck(now, (b[9]! << 16) | (b[10]! << 8) | b[11]!, b[12]!)) return false;
+    this.counters.rcvdPkts++;
+    this.kick(qp, now);
+    return true;
   }
 
   /** What follows the parse: QPN lookup, QP type, state, P_Key, address or Q_Key, then the QP. */
