@@ -38,9 +38,9 @@ export function writeU32(b: Uint8Array, off: number, v: number): void {
 }
 
 // 64-bit fields (RETH and AtomicETH addresses, CM identifiers) go through one 8-byte scratch and
-// its DataView, whose BigInt accessors compile to plain loads and stores: assembling a BigInt from
-// two 32-bit halves (or splitting one) allocated four intermediate BigInts and called into the
-// runtime twice for every RDMA request. The scratch is module-wide: nothing holds it across calls.
+// its DataView, whose BigInt accessors are one builtin call with no intermediate BigInt: assembling
+// a BigInt from two 32-bit halves (or splitting one) allocated four and called into the runtime
+// twice for every RDMA request. The scratch is module-wide: nothing holds it across calls.
 const U64 = new Uint8Array(8);
 const U64_VIEW = new DataView(U64.buffer);
 
