@@ -14,30 +14,17 @@
 
 import { fileURLToPath } from 'node:url';
 import { writeU24 } from '../src/wire/bytes.js';
-import { pathMain, stubSide } from './target-path.js';
+import { pathMain, stubAck, stubSide, turn } from './target-path.js';
 
 const SIZE = 4096;
 /** WRITEs outstanding in all, spread over the QPs (at least one each). */
 const OUTSTANDING = 128;
-const OP_RC_ACKNOWLEDGE = 0x11;
-/** BTH + AETH + ICRC. */
-const ACK_LEN = 20;
 const WARMUP_MS = 1000;
-
-const turn = (): Promise<void> => new Promise((r) => setImmediate(r));
 
 async function child(tree: string, n: number, ms: number): Promise<void> {
   const { v, ctx, cq, mr, qps, rx, answer, flush, sent, peer } = await stubSide(tree, n);
   const perQp = Math.max(1, Math.floor(OUTSTANDING / n));
-  const acks = qps.map((q) => {
-    const b = new Uint8Array(ACK_LEN);
-    b[0] = OP_RC_ACKNOWLEDGE;
-    b[2] = 0xff;
-    b[3] = 0xff;
-    writeU24(b, 5, q.qpNum);
-    b[12] = 0x1f; // ACK, unlimited credit, as rxe
-    return b;
-  });
+  const acks = qps.map((q) => stubAck(q.qpNum));
   const wr = { wrId: 1, opcode: 'RDMA_WRITE' as const, sgList: [mr.sge(0, SIZE)], rdma: { remoteAddr: 0x7f00_0000_0000n, rkey: 0x1234 } };
   let psn = 0; // every QP starts at PSN 0 and sends one packet per WRITE
   let acked = 0;

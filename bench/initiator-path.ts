@@ -15,20 +15,15 @@
 
 import { fileURLToPath } from 'node:url';
 import { readU24, writeU24 } from '../src/wire/bytes.js';
-import { pathMain, stubSide } from './target-path.js';
+import { pathMain, stubAck, stubSide, turn } from './target-path.js';
 
 const SIZE = 4096;
 const DEPTH = 128;
 const BATCH = 32;
 const OP_RC_RDMA_WRITE_ONLY = 0x0a;
-const OP_RC_ACKNOWLEDGE = 0x11;
-/** BTH + AETH + ICRC. */
-const ACK_LEN = 20;
 const WARMUP_MS = 1500;
 /** The peer's QPNs: the stub side connects QP i to 0x100 + i. */
 const PEER_QPN_BASE = 0x100;
-
-const turn = (): Promise<void> => new Promise((r) => setImmediate(r));
 
 async function child(tree: string, n: number, ms: number): Promise<void> {
   // The WRITEs the device sent, in order: the index of their QP and their PSN.
@@ -53,14 +48,7 @@ async function child(tree: string, n: number, ms: number): Promise<void> {
   // Per QP, the last WRITE of the batch being answered (its place in the batch + 1; 0: none).
   const lastInBatch = new Int32Array(n);
   const slots: Uint8Array[] = [];
-  for (let s = 0; s < 2 * BATCH; s++) {
-    const b = new Uint8Array(ACK_LEN);
-    b[0] = OP_RC_ACKNOWLEDGE;
-    b[2] = 0xff;
-    b[3] = 0xff;
-    b[12] = 0x1f; // ACK, unlimited credit, as rxe
-    slots.push(b);
-  }
+  for (let s = 0; s < 2 * BATCH; s++) slots.push(stubAck());
   const wr = { wrId: 1, opcode: 'RDMA_WRITE' as const, sgList: [mr.sge(0, SIZE)], rdma: { remoteAddr: 0x7f00_0000_0000n, rkey: 0x1234 } };
   let rr = 0;
   const post = (k: number): void => {

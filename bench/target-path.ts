@@ -191,6 +191,28 @@ async function child(tree: string, n: number, ms: number): Promise<void> {
   process.stdout.write(`${JSON.stringify({ nsPerPacket: ((t1 - t0) * 1e6) / packets, packets })}\n`);
 }
 
+/** A turn of the event loop: the posts' QP runs (microtasks), the ready QPs' run (an immediate). */
+export const turn = (): Promise<void> => new Promise((r) => setImmediate(r));
+
+/** BTH + AETH + ICRC. */
+const ACK_LEN = 20;
+const OP_RC_ACKNOWLEDGE = 0x11;
+
+/**
+ * A plain ACK to `destQp` as rxe sends it (the default P_Key, an ACK with unlimited credit), for a
+ * harness to hand to a device's receive handler: its PSN (byte 9) and MSN (byte 13) are the caller's
+ * to write; its ICRC field is left zero (the stub link does not check it).
+ */
+export function stubAck(destQp = 0): Uint8Array {
+  const b = new Uint8Array(ACK_LEN);
+  b[0] = OP_RC_ACKNOWLEDGE;
+  b[2] = 0xff;
+  b[3] = 0xff;
+  writeU24(b, 5, destQp);
+  b[12] = 0x1f;
+  return b;
+}
+
 /**
  * Runs `script --child TREE --qps N --ms MS` for every round, tree and QP count, each a fresh process
  * pinned to CPU 1 where it can be, and prints the medians (`what` names the workload). A child prints
