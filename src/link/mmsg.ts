@@ -28,7 +28,8 @@
  * `struct mmsghdr` is a 56-byte `msghdr` and a 4-byte `msg_len`, padded to 64.
  */
 
-import { UDP_GRO, type BatchIoFfi, type PollHandle } from './sockopt.js';
+import { icrcAddon } from '../wire/addon.js';
+import { UDP_GRO, type BatchIoFfi } from './sockopt.js';
 
 const MMSG = 64;
 const OFF_NAME = 0;
@@ -423,6 +424,58 @@ export type RxDeliver = (datagram: Uint8Array, srcAddr: Uint8Array, srcPort: num
  */
 export type RxVerify = (mem: Uint8Array, desc: Int32Array, messages: number, out: Int32Array) => number;
 
+/**
+ * How `RxRing` learns that its socket is readable: `read` is called then, and `answer` after the
+ * promise reactions and microtasks that `read` queued have run (a completion the application awaited,
+ * its reply's post); the send flush `answer` queues runs before the event loop goes on. The watch keeps
+ * the loop alive until it is closed.
+ */
+export type ReadableWatch = (fd: number, read: () => void, answer: () => void) => { close(): void };
+
+/**
+ * The addon's watch (`src/native/watch.c`): both calls in the poll phase of the turn that found the
+ * socket readable, each in a node callback scope, which runs the microtasks after it.
+ */
+export const addonWatch: ReadableWatch | undefined = icrcAddon?.watch;
+
+/**
+ * koffi's poll as a `ReadableWatch`, where the addon is not built. koffi calls its callback outside any
+ * node callback scope, so promise reactions and microtasks queued by what the datagrams trigger would
+ * wait for the next unrelated callback, up to a timer's millisecond. The read is therefore done in an
+ * immediate of the same loop turn (the check phase follows the poll phase), which node runs in a scope
+ * that drains them, and the answer in a second immediate queued with it: node runs the microtasks in
+ * between. The two hops cost about 1.5 µs per wake-up (bench/README.md).
+ */
+export function pollWatch(ffi: BatchIoFfi): ReadableWatch {
+  return (fd, read, answer) => {
+    let scheduled = false;
+    const readTask = (): void => {
+      scheduled = false;
+      read();
+    };
+    const handle = ffi.poll(fd, { readable: true }, () => {
+      if (scheduled) return;
+      scheduled = true;
+      setImmediate(readTask);
+      setImmediate(answer);
+    });
+    let open = true;
+    return {
+      close: () => {
+        // koffi frees the handle on close: a second close would be a use after free.
+        if (!open) return;
+        open = false;
+        handle.stop();
+        handle.close();
+      },
+    };
+  };
+}
+
+function defaultWatch(ffi: BatchIoFfi): ReadableWatch {
+  return addonWatch ?? pollWatch(ffi);
+}
+
 /** The kernel's most segments in one GRO train (UDP_GRO_CNT_MAX). */
 const GRO_MAX_SEGMENTS = 64;
 
@@ -441,7 +494,7 @@ export class RxRing {
   private readonly names: Uint8Array[] = [];
   /** Per slot, the views last handed out, by segment number (see `view`). */
   private readonly views: Uint8Array[][] = [];
-  private readonly poll: PollHandle;
+  private readonly watch: { close(): void };
   private closed = false;
   /** The ring's memory, and each message's place in it as `verify` takes it (`RxVerify`). */
   private readonly bytes: Uint8Array;
@@ -469,6 +522,8 @@ export class RxRing {
     private readonly onTrain?: () => void,
     /** Judges each batch's datagrams before they are delivered (their `verdict`; -1 where it did not). */
     private readonly verify?: RxVerify,
+    /** What tells it the socket is readable: the addon's watch where it is built, else koffi's poll. */
+    watch: ReadableWatch = defaultWatch(ffi),
   ) {
     this.slotBytes = gro ? RX_SLOT_GRO : RX_SLOT;
     this.ctrlOff = BATCH * (MMSG + IOV + SOCKADDR);
@@ -496,29 +551,16 @@ export class RxRing {
       this.desc[4 * i + 3] = name;
       this.descFrom.push(this.desc.subarray(4 * i));
     }
-    // koffi calls this outside any node callback scope, so promise reactions and microtasks queued
-    // by what the datagrams trigger (completions awaited by the application, the send flush) would
-    // wait for the next unrelated callback, up to a timer's millisecond. The reading is therefore
-    // done in an immediate of the same loop turn (the check phase follows the poll phase), which
-    // node runs in a scope that drains them.
-    //
-    // The answer to the last batch (`after`) waits for a second immediate, queued with the first: node
-    // runs the microtasks in between, so what the application posts in answer to this batch's
-    // completions joins it. A ping-pong's reply then leaves with the ACK of the request it answers,
-    // reply first, as one GSO train: one datagram's way through the kernel instead of two.
-    this.poll = ffi.poll(fd, { readable: true }, () => {
-      if (this.scheduled) return;
-      this.scheduled = true;
-      setImmediate(this.drainTask);
-      setImmediate(this.answerTask);
-    });
+    // The answer to the last batch (`after`) comes after the promise reactions the batch caused (see
+    // `ReadableWatch`), so what the application posts in answer to this batch's completions joins it.
+    // A ping-pong's reply then leaves with the ACK of the request it answers, reply first, as one GSO
+    // train: one datagram's way through the kernel instead of two.
+    this.watch = watch(fd, this.drainTask, this.answerTask);
   }
 
-  private scheduled = false;
   /** A batch was delivered and not yet answered (`after`). */
   private unanswered = false;
   private readonly drainTask = (): void => {
-    this.scheduled = false;
     this.drain();
   };
   private readonly answerTask = (): void => {
@@ -645,8 +687,7 @@ export class RxRing {
   close(): void {
     if (this.closed) return;
     this.closed = true;
-    this.poll.stop();
-    this.poll.close();
+    this.watch.close();
     this.ffi.close(this.fd);
   }
 }

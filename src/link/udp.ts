@@ -68,7 +68,7 @@ import { formatIpAddress, parseIpAddress } from '../wire/frame.js';
 import { SystemClock, type Clock } from '../runtime/clock.js';
 import { emptyDrops, type LinkCaps, type LinkDropReason, type LinkRxHandler, type PeerAddress, type RxMeta } from './link.js';
 import type { RxHook, WireDatagram, WireLink } from './link.js';
-import { RX_SLOT, RxRing, TxQueue, TxRing, type TxDest, type TxSeal } from './mmsg.js';
+import { addonWatch, pollWatch, RX_SLOT, RxRing, TxQueue, TxRing, type TxDest, type TxSeal } from './mmsg.js';
 import {
   batchIoFfi,
   ffiStatus,
@@ -160,6 +160,12 @@ export interface UdpLinkOptions {
    * one strict mode assumes).
    */
   gro?: boolean;
+  /**
+   * Batched path: what reports the socket readable. `addon`, the native addon's watch
+   * (`src/native/watch.c`), reads in the same event-loop phase; `poll`, koffi's poll, reads in an
+   * immediate of the same turn (`mmsg.ts`, `pollWatch`). Default `addon` where the addon is built.
+   */
+  watch?: 'addon' | 'poll';
   /** `at` of received packets. Default a new SystemClock. */
   clock?: Clock;
   /** Where start-up problems are reported. Default `process.emitWarning` (type `RoceLinkWarning`), once per code. */
@@ -210,6 +216,8 @@ export interface UdpLinkStartup {
   noCheck6Rx?: boolean;
   /** Batched path: UDP_GRO is set on the bound socket and received trains are cut here (`gro`). */
   gro?: boolean;
+  /** Batched path: what reports the socket readable (`watch`). */
+  watch?: 'addon' | 'poll';
   /** SO_RCVBUF / SO_SNDBUF as the kernel reports them (twice the usable payload bytes, Linux). */
   recvBufferBytes: number;
   sendBufferBytes: number;
@@ -321,7 +329,7 @@ export class UdpLink implements WireLink {
   private constructor(
     private readonly main: Socket,
     private readonly clock: Clock,
-    private readonly opts: typeof DEFAULTS & { address: string; maxDatagram: number; gso: boolean; gro: boolean },
+    private readonly opts: typeof DEFAULTS & { address: string; maxDatagram: number; gso: boolean; gro: boolean; watch?: 'addon' | 'poll' },
     localAddr: Uint8Array,
     startup: UdpLinkStartup,
   ) {
@@ -473,7 +481,7 @@ export class UdpLink implements WireLink {
 
   readWaiting(): void {
     // dgram reads in the poll phase, after the timers, and cannot be asked to read now; the
-    // batched path reads in an immediate of the check phase and can.
+    // batched path reads there too (or in an immediate of the check phase, on koffi's poll) and can.
     this.rx?.readNow();
   }
 
@@ -648,6 +656,8 @@ export class UdpLink implements WireLink {
     const port = this.local.port;
     const gro = this.opts.gro && setsockoptInt(dupFd, SOL_UDP, UDP_GRO, 1).ok;
     this.startup.gro = gro;
+    const watch = this.opts.watch !== 'poll' ? addonWatch : undefined;
+    this.startup.watch = watch !== undefined ? 'addon' : 'poll';
     this.rx = new RxRing(
       ffi,
       dupFd,
@@ -677,6 +687,7 @@ export class UdpLink implements WireLink {
         this.counters.batchChecked += judged;
         return judged;
       },
+      watch ?? pollWatch(ffi),
     );
   }
 

@@ -26,6 +26,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "watch.h"
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define ROCE_X86 1
 #include <cpuid.h>
@@ -707,5 +709,6 @@ NAPI_MODULE_INIT() {
   napi_get_boolean(env, 0, &accel);
 #endif
   napi_set_named_property(env, exports, "clmul", accel);
+  roce_watch_init(env, exports);
   return exports;
 }

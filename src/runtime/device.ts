@@ -323,10 +323,9 @@ export class Device {
       if (qp.timerAt !== at) continue;
       qp.timerAt = -1;
       // Before an ACK timer is judged, what has arrived is read: an ACK waiting in the socket is
-      // progress (9.7.6.1), not a timeout. Node runs the timers before it reads, and the batched
-      // link reads after this turn's first immediate, where the QP's deferred decision would
-      // already run. Most expiries are not that (a deadline moved later since it was armed) and
-      // read nothing early.
+      // progress (9.7.6.1), not a timeout. Node runs the timers before it reads (the poll phase),
+      // and the QP's deferred decision would run here, before that. Most expiries are not that (a
+      // deadline moved later since it was armed) and read nothing early.
       if (!read && qp.ackOverdue(now)) {
         read = true;
         this.link.readWaiting?.();
@@ -352,10 +351,10 @@ export class Device {
   /**
    * The answer to a receive batch: the ready QPs run. When the read is over and all a few QPs have
    * to send is an ACK for data that completed nothing (RDMA WRITEs, which the application sees
-   * only by polling memory), the run waits for the next turn (`runTask`, queued when they became
-   * ready), after the application's own immediates: a reply posted from a polling loop then
-   * leaves with the ACK, as a reply posted from a completion does. Mid-read answers and anything
-   * else go at once.
+   * only by polling memory), the run waits for `runTask`, an immediate queued when they became
+   * ready, which runs after the application's own immediates: a reply posted from a polling loop
+   * then leaves with the ACK, as a reply posted from a completion does. Mid-read answers and
+   * anything else go at once.
    */
   private answerBatch(last: boolean): void {
     const ready = this.ready;

@@ -1,8 +1,10 @@
 /**
  * The stack's native addon, `src/native/icrc.c`: CRC-32, and the RoCEv2 ICRC of a whole packet, in
- * one call each. `npm install` builds it with node-gyp (`npm run build:addon` rebuilds it); where that
- * fails (no compiler) the stack runs on the JavaScript ICRC over the fastest CRC-32 package instead,
- * with the same results. `ROCE_ADDON=0` in the environment leaves it unloaded, for comparisons.
+ * one call each; and `src/native/watch.c`, a socket's readiness for the batched link. `npm install`
+ * builds it with node-gyp (`npm run build:addon` rebuilds it); where that fails (no compiler) the
+ * stack runs on the JavaScript ICRC over the fastest CRC-32 package instead, with the same results,
+ * and the batched link on koffi's poll. `ROCE_ADDON=0` in the environment leaves it unloaded, for
+ * comparisons.
  *
  * This module only loads it. `crc32.ts` and `icrc.ts` each check it against their JavaScript
  * reference when they load, and use it only if it agrees.
@@ -39,6 +41,11 @@ export interface IcrcAddon {
   verify(udpPayload: Uint8Array): number;
   /** The Int32Array (16 words) the key is written into before each `icrc`, `icrc2` or `verify`. */
   bind(block: Int32Array): void;
+  /**
+   * `src/native/watch.c`: calls `read` whenever descriptor `fd` is readable, then `answer`, each in a
+   * node callback scope (microtasks run after each). Absent from a build older than that file.
+   */
+  watch?(fd: number, read: () => void, answer: () => void): { close(): void };
 }
 
 /** Where node-gyp leaves the addon, from this file in `src/wire` or in `dist/src/wire`. */
