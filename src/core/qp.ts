@@ -75,6 +75,8 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState,
   private _state: QpState = 'RESET';
   /** The runtime's: whether the QP is in the device's ready queue, to run on its next turn. */
   queued = false;
+  /** Also the runtime's: whether the QP is in the queue of QPs posted to, which runs in a microtask. */
+  postQueued = false;
   /** Also the runtime's: whether the device still holds this QP (destroyQp clears it). Read on every run and kick. */
   attached = false;
   /**

@@ -279,8 +279,13 @@ export class Device {
     // its pacing): the run's poll finds that out and its kick arms what the QP waits for. Asking
     // `pollAt` here too read the send queue and its WQE a second time per message, and with
     // thousands of QPs each post is to another QP.
-    if (this.closed || !qp.attached || qp.queued) return;
+    //
+    // A QP already in the ready queue (its ACK waits for the answer to the receive batch that
+    // completed the request being answered) runs in the microtask too, and its entry there is then
+    // skipped: the reply and the ACK leave together either way, an immediate sooner this way.
+    if (this.closed || !qp.attached || qp.postQueued) return;
     qp.queued = true;
+    qp.postQueued = true;
     this.postedQps[this.postedN++] = qp;
     if (this.postedN === 1) queueMicrotask(this.postRunTask);
   }
@@ -296,6 +301,7 @@ export class Device {
     const n = this.postedN;
     this.postedQps = this.postedSpare;
     this.postedN = 0;
+    for (let i = 0; i < n; i++) batch[i]!.postQueued = false;
     this.runBatch(batch, n);
     this.postedSpare = batch;
   };
@@ -353,8 +359,8 @@ export class Device {
    * to send is an ACK for data that completed nothing (RDMA WRITEs, which the application sees
    * only by polling memory), the run waits for `runTask`, an immediate queued when they became
    * ready, which runs after the application's own immediates: a reply posted from a polling loop
-   * then leaves with the ACK, as a reply posted from a completion does. Mid-read answers and
-   * anything else go at once.
+   * then runs the QP in the posting microtask (`posted`) and leaves with the ACK, as a reply posted
+   * from a completion does. Mid-read answers and anything else go at once.
    */
   private answerBatch(last: boolean): void {
     const ready = this.ready;

@@ -3,7 +3,8 @@
  * turns — in a microtask after the posting code — so a reply posted in answer to a completion
  * leaves in the same turn; several posts of one stretch share that run; a post from inside a
  * completion hook still waits for the engine that called it to return; and the microtask runs only
- * the posted QPs, not the ready queue, whose QPs wait for the turn's input to be read.
+ * the posted QPs, not the ready queue, whose QPs wait for the turn's input to be read — unless the
+ * application posts to one of them too.
  */
 import t from 'tap';
 import { allocPd, closeDevice, createCq, openDevice, pollCq, postSend, regMr, type Context } from '../../src/api/verbs.js';
@@ -118,4 +119,22 @@ t.test('the microtask runs the posted QPs only; a QP already in the ready queue 
   await turn();
   t.equal(p.la.counters.sent, before + 2, "the kicked QP's on the next turn");
   t.same((await completions(p.a, 2)).sort(), [1, 2], 'both complete');
+});
+
+t.test('a post to a QP already in the ready queue runs it in the microtask; its ready entry is then skipped', async (t) => {
+  const p = await systemPair();
+  t.teardown(p.close);
+  const [qb] = connectPair(p, 'RC', QP_OPTS);
+  await turn();
+  const device = p.a.ctx.device;
+  const before = p.la.counters.sent;
+  // As a QP whose ACK waits for the answer to a receive batch: in the ready queue, for the next turn.
+  qb.core.postSendOne(device.now(), p.wr(1));
+  device.kick(qb.core);
+  postSend(qb, p.wr(2));
+  await microtask();
+  t.equal(p.la.counters.sent, before + 2, 'both WRITEs leave before the loop turns');
+  await turn();
+  t.equal(p.la.counters.sent, before + 2, 'the ready entry sends nothing more');
+  t.same(await completions(p.a, 2), [1, 2], 'both complete, in order');
 });
