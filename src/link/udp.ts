@@ -162,8 +162,9 @@ export interface UdpLinkOptions {
   gro?: boolean;
   /**
    * Batched path: what reports the socket readable. `addon`, the native addon's watch
-   * (`src/native/watch.c`), reads in the same event-loop phase; `poll`, koffi's poll, reads in an
-   * immediate of the same turn (`mmsg.ts`, `pollWatch`). Default `addon` where the addon is built.
+   * (`src/native/watch.c`), reads in the event loop's poll phase that found it readable; `poll`,
+   * koffi's poll, reads in an immediate of the same turn (`mmsg.ts`, `pollWatch`). Default `addon`
+   * where the addon is built.
    */
   watch?: 'addon' | 'poll';
   /** `at` of received packets. Default a new SystemClock. */

@@ -281,8 +281,9 @@ export class Device {
     // thousands of QPs each post is to another QP.
     //
     // A QP already in the ready queue (its ACK waits for the answer to the receive batch that
-    // completed the request being answered) runs in the microtask too, and its entry there is then
-    // skipped: the reply and the ACK leave together either way, an immediate sooner this way.
+    // completed the request being answered, or for the immediate after the application's) runs in
+    // the microtask too, and its entry there is then skipped: the reply and the ACK leave together
+    // either way, without waiting for that answer or that immediate this way.
     if (this.closed || !qp.attached || qp.postQueued) return;
     qp.queued = true;
     qp.postQueued = true;
