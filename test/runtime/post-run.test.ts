@@ -7,7 +7,7 @@
  * application posts to one of them too.
  */
 import t from 'tap';
-import { allocPd, closeDevice, createCq, openDevice, pollCq, postSend, regMr, type Context } from '../../src/api/verbs.js';
+import { allocPd, closeDevice, createCq, openDevice, pollCq, postSend, regMr, type Context, type Qp } from '../../src/api/verbs.js';
 import type { SendWr } from '../../src/core/types.js';
 import { MemoryLink } from '../../src/link/memory.js';
 import { SystemClock } from '../../src/runtime/clock.js';
@@ -62,6 +62,16 @@ async function completions(side: Side, n: number): Promise<number[]> {
 }
 const microtask = (): Promise<void> => new Promise((resolve) => queueMicrotask(resolve));
 
+/**
+ * Gives `qp` a WRITE (`wrId`) the way a receive or a timer gives a QP work, without a post: a kick,
+ * which puts it in the device's ready queue for the next turn.
+ */
+function queueForNextTurn(p: SystemPair, qp: Qp, wrId: number): void {
+  const device = p.a.ctx.device;
+  qp.core.postSendOne(device.now(), p.wr(wrId));
+  device.kick(qp.core);
+}
+
 t.test('a send posted by the application leaves before the event loop turns', async (t) => {
   const p = await systemPair();
   t.teardown(p.close);
@@ -108,11 +118,8 @@ t.test('the microtask runs the posted QPs only; a QP already in the ready queue 
   const [qa] = connectPair(p, 'RC', QP_OPTS);
   const [qb] = connectPair(p, 'RC', QP_OPTS);
   await turn();
-  const device = p.a.ctx.device;
   const before = p.la.counters.sent;
-  // QP b gets work the way a receive or a timer gives it: a kick, which queues it for the next turn.
-  qb.core.postSendOne(device.now(), p.wr(1));
-  device.kick(qb.core);
+  queueForNextTurn(p, qb, 1);
   postSend(qa, p.wr(2));
   await microtask();
   t.equal(p.la.counters.sent, before + 1, "the posted QP's WRITE only, before the loop turns");
@@ -126,11 +133,9 @@ t.test('a post to a QP already in the ready queue runs it in the microtask; its 
   t.teardown(p.close);
   const [qb] = connectPair(p, 'RC', QP_OPTS);
   await turn();
-  const device = p.a.ctx.device;
   const before = p.la.counters.sent;
-  // As a QP whose ACK waits for the answer to a receive batch: in the ready queue, for the next turn.
-  qb.core.postSendOne(device.now(), p.wr(1));
-  device.kick(qb.core);
+  // As a QP whose ACK waits for the answer to a receive batch.
+  queueForNextTurn(p, qb, 1);
   postSend(qb, p.wr(2));
   await microtask();
   t.equal(p.la.counters.sent, before + 2, 'both WRITEs leave before the loop turns');
