@@ -241,6 +241,36 @@ export const CASES: readonly CaseDef[] = [
     },
   },
   {
+    id: 'ack-reserved-bit',
+    title: 'ACK with the syndrome\'s reserved bit set, for the peer\'s outstanding request',
+    rule: 'IBTA Vol.1 §9.3.5 (AETH, table 43: syndrome bit 7 is reserved; bits 6..5 = 00 make the syndrome an ACK)',
+    expected: 'taken as the ACK it is: the peer\'s request completes, is not sent again, and its QP keeps answering',
+    requires: needEcho,
+    async run(c) {
+      const first = await provokePeerSend(c);
+      if (!first) return dev('the peer did not answer our SEND with one of its own');
+      const ours = (r: Rx): boolean => r.parsed.ok && r.parsed.info.request && r.parsed.packet.bth.destQp === c.p.ourQpn;
+      const end = first.rx.parsed.ok && first.rx.parsed.info.end ? first.rx
+        : await c.waitResponse((r) => ours(r) && r.parsed.ok && r.parsed.info.end && psnDiff(r.parsed.packet.bth.psn, first.psn) >= 0, c.t.responseMs * 2);
+      if (!end?.parsed.ok) return dev(`the peer's request from psn ${hex(first.psn)} did not end`);
+      // Acknowledge the whole message, as the prober's own ACK would, with bit 7 of the syndrome set.
+      const last = end.parsed.packet.bth.psn;
+      c.p.peerPsn = psnAdd(last, 1);
+      c.p.msn = (c.p.msn + 1) & 0xffffff;
+      const syndrome = 0x80 | ackSyndrome();
+      const ackAt = c.p.now();
+      c.p.send(c.p.ack(last, syndrome));
+      c.p.autoAck = true;
+      // Not taken as an ACK, the request would be sent again after the local ACK timeout.
+      const window = timeoutWindow(c);
+      const again = await c.waitResponse((r) => r.at > ackAt && ours(r) && r.parsed.ok && psnDiff(r.parsed.packet.bth.psn, first.psn) >= 0 &&
+        psnDiff(r.parsed.packet.bth.psn, last) <= 0, window);
+      const what = `ACK psn ${hex(last)} with syndrome 0x${syndrome.toString(16)}`;
+      if (again) return dev(`${what}: psn ${hex(first.psn)}..${hex(last)} sent again ${(again.at - ackAt).toFixed(0)} ms later, the ACK not taken`);
+      return pass(`${what}: the request not sent again within ${window} ms`);
+    },
+  },
+  {
     id: 'implied-nak',
     title: 'Implied NAK: an ACK beyond an outstanding READ',
     rule: 'IBTA Vol.1 §9.7.5.1.4 (requester: a response PSN later than an outstanding RDMA READ/atomic implies its responses were lost), C9-121 area',
@@ -695,6 +725,6 @@ export const SUITES: Readonly<Record<string, readonly string[]>> = {
   psn: ['psn-gap-nak-once', 'dup-send', 'dup-write', 'dup-read', 'dup-atomic', 'psn-wrap'],
   malformed: ['bad-icrc', 'truncated', 'bad-padcnt', 'bad-tver', 'wrong-pkey', 'pkey-limited-member', 'unknown-qp', 'cnp-to-rc'],
   errors: ['invalid-opcode-sequence', 'short-first', 'rkey-violation', 'out-of-bounds', 'missing-access', 'op-not-enabled', 'rnr'],
-  requester: ['ghost-ack', 'implied-nak', 'ack-timeout', 'retry-exhaustion'],
+  requester: ['ghost-ack', 'ack-reserved-bit', 'implied-nak', 'ack-timeout', 'retry-exhaustion'],
   quick: ['psn-gap-nak-once', 'dup-send', 'bad-icrc', 'unknown-qp', 'zero-length-send'],
 };

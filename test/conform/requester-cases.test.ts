@@ -48,3 +48,29 @@ t.test('retry-exhaustion counts the request it provoked, not a late copy of an e
   t.equal(ackTimeout!.verdict, 'pass', ackTimeout!.observed);
   t.equal(exhaustion!.verdict, 'pass', exhaustion!.observed);
 });
+
+/** An RC ACK whose AETH syndrome has the reserved bit 7 set. */
+const reservedBitAck = (d: Uint8Array): boolean => d.length >= 16 && d[0] === 0x11 && (d[12]! & 0x80) !== 0;
+
+t.test('ack-reserved-bit: the server takes an ACK with syndrome bit 7 set as the ACK it is, and sends its request once', async (t) => {
+  const b = await bench();
+  t.teardown(() => b.close());
+  const from = b.prober.mark();
+  const r = await runConformance({ prober: b.prober, exchange: b.exchange(), only: ['ack-reserved-bit'], timing: FAST });
+  const c = r.cases[0]!;
+  t.equal(c.verdict, 'pass', c.observed);
+  t.equal(c.liveness, 'ok', 'the server answers afterwards');
+  t.ok(b.prober.log.slice(from.log).some((e) => e.dir === 'tx' && reservedBitAck(e.bytes)), 'the prober sent an ACK with bit 7 set');
+  const psn = Number.parseInt(/ACK psn 0x([0-9a-f]+)/.exec(c.observed)![1]!, 16);
+  t.equal(requestsWithPsn(b.prober.received(from), psn).length, 1, 'the acknowledged request was not sent again');
+});
+
+t.test('ack-reserved-bit reports a peer that does not take the ACK: its request is sent again', async (t) => {
+  // The fault: the server never sees an ACK whose syndrome has bit 7 set, as if it dropped it.
+  const b = await bench({ rxFilter: (d) => !reservedBitAck(d) });
+  t.teardown(() => b.close());
+  const r = await runConformance({ prober: b.prober, exchange: b.exchange(), only: ['ack-reserved-bit'], timing: FAST });
+  const c = r.cases[0]!;
+  t.equal(c.verdict, 'deviation', c.observed);
+  t.match(c.observed, /sent again \d+ ms later, the ACK not taken/);
+});
