@@ -79,6 +79,17 @@ export interface Guest {
   spawn(cmd: string, opts?: RunOptions): Promise<BackgroundJob>;
   /** The last lines of the guest's serial console. */
   consoleTail(lines?: number): string;
+  /**
+   * Lines so far in which the guest's kernel said its NIC stopped transmitting (`NETDEV WATCHDOG`,
+   * virtio_net's `TX timeout`): repeated every 5 s while the transmit queue stays stopped.
+   */
+  txStallLines(): number;
+  /**
+   * Resets the guest's virtio-net device and brings rxe0 up on it again (guest/net-reset), after its
+   * transmit queue stopped; fails unless the GID indices come back as at boot. Returns what the
+   * guest said.
+   */
+  resetNic(): Promise<string>;
 }
 
 export interface HostRunResult {
@@ -379,6 +390,23 @@ class GuestImpl implements Guest {
     try { text = readFileSync(this.consolePath, 'latin1'); } catch { return '(no console output)'; }
     const all = text.replace(/\r/g, '').split('\n').filter((l) => l.trim() !== '');
     return all.slice(-lines).join('\n') || '(no console output)';
+  }
+
+  txStallLines(): number {
+    let text = '';
+    try { text = readFileSync(this.consolePath, 'latin1'); } catch { return 0; }
+    return text.match(/NETDEV WATCHDOG|TX timeout on queue/g)?.length ?? 0;
+  }
+
+  async resetNic(): Promise<string> {
+    const r = await this.run('/usr/sbin/lab-net-reset', { timeoutMs: 90_000 });
+    const out = r.stdout.trim();
+    const m = /gid4=(-?\d+) gid6=(-?\d+)/.exec(out);
+    if (r.code !== 0 || !m) throw new Error(`guest ${this.ipv4}: the NIC reset failed (${r.code}): ${out}${this.context()}`);
+    if (Number(m[1]) !== this.gidIndexV4 || Number(m[2]) !== this.gidIndexV6) {
+      throw new Error(`guest ${this.ipv4}: after the NIC reset the GID indices are ${m[1]}/${m[2]}, not ${this.gidIndexV4}/${this.gidIndexV6}`);
+    }
+    return out;
   }
 
   private context(): string {

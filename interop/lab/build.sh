@@ -164,6 +164,8 @@ depmod -b "$root" "$kver"
 # The guest side of the lab.
 install -m 0755 "$here/guest/init" "$root/init"
 install -m 0755 "$here/guest/agent.sh" "$root/usr/sbin/lab-agent"
+install -m 0755 "$here/guest/net" "$root/usr/sbin/lab-net"
+install -m 0755 "$here/guest/net-reset" "$root/usr/sbin/lab-net-reset"
 echo "root:x:0:0:root:/root:/bin/sh" > "$root/etc/passwd"
 echo "root:x:0:" > "$root/etc/group"
 printf '127.0.0.1 localhost\n::1 localhost\n' > "$root/etc/hosts"
