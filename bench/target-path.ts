@@ -24,6 +24,7 @@ import { parseArgs } from 'node:util';
 import type * as Verbs from '../src/api/verbs.js';
 import type { Link, LinkRxHandler, PeerAddress } from '../src/link/link.js';
 import type * as Icrc from '../src/wire/icrc.js';
+import type * as Clock from '../src/runtime/clock.js';
 import { writeU24 } from '../src/wire/bytes.js';
 import { median } from './harness.js';
 import { canPin } from './procs.js';
@@ -57,6 +58,10 @@ export async function stubSide(tree: string, n: number, onSend?: (head: Uint8Arr
   const dist = pathToFileURL(resolve(tree, 'dist/src')).href;
   const v = (await import(`${dist}/api/verbs.js`)) as typeof Verbs;
   const { icrcOfUdpPayload, IcrcFlowKey } = (await import(`${dist}/wire/icrc.js`)) as typeof Icrc;
+  const { SystemClock } = (await import(`${dist}/runtime/clock.js`)) as typeof Clock;
+  // The device's clock, which the receive times are read on, as a UdpLink's are: one reading per
+  // batch (the `at` the caller passes), not one per packet.
+  const clock = new SystemClock();
   const self: PeerAddress = { address: '10.0.0.2', port: 4791 };
   const peer: PeerAddress = { address: '10.0.0.1', port: 4791 };
   const info = { family: 4 as const, srcAddr: new Uint8Array([10, 0, 0, 2]), dstAddr: new Uint8Array([10, 0, 0, 1]), srcPort: 4791, dstPort: 4791, ipId: 0, ipFlagsFrag: 0x4000 };
@@ -76,6 +81,7 @@ export async function stubSide(tree: string, n: number, onSend?: (head: Uint8Arr
   let batchEnd: ((last: boolean) => void) | undefined;
   let sent = 0;
   const link: Link = {
+    rxClock: clock,
     caps: { family: 4, icrcGenerate: true, icrcVerify: 'recover', maxDatagram: 9000 },
     local: self,
     drops: { badIcrc: 0, tooShort: 0, notRoce: 0, injectedLoss: 0, sendError: 0, closed: 0 },
@@ -113,7 +119,7 @@ export async function stubSide(tree: string, n: number, onSend?: (head: Uint8Arr
     },
     close: async () => undefined,
   };
-  const ctx = await v.openDevice({ address: self.address, link, mtu: 4096 });
+  const ctx = await v.openDevice({ address: self.address, link, clock, mtu: 4096 });
   const pd = v.allocPd(ctx);
   const cq = v.createCq(ctx, { cqe: 256 });
   const mr = v.regMr(pd, new Uint8Array(SIZE), 0x7);

@@ -286,7 +286,7 @@ export function createAh(_pd: Pd, attr: AhAttr): AddressHandle {
 
 export function postSend(qp: Qp, wr: SendWr | readonly SendWr[]): void {
   const d = qp.device;
-  const now = d.now();
+  const now = d.postTime(qp.core);
   if (Array.isArray(wr)) qp.core.postSend(now, wr);
   else qp.core.postSendOne(now, wr as SendWr);
   d.posted(qp.core, now);
