@@ -682,6 +682,70 @@ function pdeath(): string[] {
 /**
  * Start the lab. Throws (never resolves half-built) with the reason when it cannot run here.
  */
+/**
+ * What a test does about a guest NIC that stops transmitting in mid-run (`Guest.txStallLines`,
+ * `Guest.resetNic`): every cell that fails while the guest's console has new watchdog lines, or while
+ * a reset is under way, runs again once after the NIC was reset, one reset serving all the cells then
+ * running; at most `maxResets` resets per run, each one told to `say`. `ROCE_LAB_PLANT_NIC_STALL=regex` stops
+ * the NIC (eth0 down, a watchdog line on the console) before the first cell whose name matches, so
+ * that a test can be seen to recover.
+ */
+export class NicGuard {
+  private resets = 0;
+  private stallLines = 0;
+  private resetting: Promise<boolean> | undefined;
+  private lastResetEnd = 0;
+  private planted = false;
+  private readonly plant: RegExp | undefined;
+
+  constructor(private readonly guest: Guest, private readonly maxResets = 2) {
+    const p = process.env['ROCE_LAB_PLANT_NIC_STALL'];
+    this.plant = p ? new RegExp(p) : undefined;
+  }
+
+  /** Before cell `name` starts: waits out a reset under way, and plants a stall where asked. */
+  async before(name: string, say: (line: string) => void): Promise<void> {
+    if (this.resetting) await this.resetting;
+    if (!this.plant || this.planted || !this.plant.test(name)) return;
+    this.planted = true;
+    const r = await this.guest.run('echo "<3>lab: NETDEV WATCHDOG: planted by ROCE_LAB_PLANT_NIC_STALL" > /dev/kmsg && /usr/sbin/ip link set eth0 down');
+    say(`planted before ${name}: guest ${this.guest.ipv4}'s eth0 down (${r.code})`);
+  }
+
+  /**
+   * After cell `name`, started at `startMs` (Date.now()), failed with `problem`: whether it ran while the
+   * NIC had stopped, the NIC now reset, so that it should run again. When not, and the NIC did stop,
+   * `note` gets why (stopped once too often, or its reset failed); a reset made here is told to `say`.
+   */
+  async again(name: string, startMs: number, problem: string, say: (line: string) => void, note: (why: string) => void): Promise<boolean> {
+    if (this.resetting) return this.resetting;
+    if (startMs < this.lastResetEnd) return true;
+    const lines = this.guest.txStallLines();
+    if (lines <= this.stallLines) return false;
+    if (this.resets >= this.maxResets) {
+      note(`guest ${this.guest.ipv4}'s NIC stopped transmitting again (${lines} watchdog lines on its console) after ${this.resets} resets`);
+      return false;
+    }
+    this.stallLines = lines;
+    this.resets++;
+    const start = Date.now();
+    this.resetting = this.guest.resetNic().then(
+      (said) => {
+        say(`guest ${this.guest.ipv4}'s NIC stopped transmitting (${lines} watchdog line${lines === 1 ? '' : 's'} on its console; ${name} failed: ${problem.split('\n')[0]}); reset in ${((Date.now() - start) / 1000).toFixed(1)} s: ${said}`);
+        return true;
+      },
+      (e: Error) => {
+        note(`guest ${this.guest.ipv4}'s NIC stopped transmitting and its reset failed: ${e.message}`);
+        return false;
+      },
+    ).finally(() => {
+      this.lastResetEnd = Date.now();
+      this.resetting = undefined;
+    });
+    return this.resetting;
+  }
+}
+
 export async function startLab(opts: LabOptions = {}): Promise<Lab> {
   const n = opts.guests ?? 2;
   const mtu = opts.mtu ?? 1500;

@@ -17,14 +17,11 @@
 // back from atomics matches the wire.
 //
 // Under TCG the guest's virtio-net transmit queue has been seen to stop for good in mid-run
-// (NETDEV WATCHDOG on its console), after which every cell fails. A cell that fails while the
-// console has new such lines resets the guest's NIC (interop/lab/guest/net-reset) and runs again,
-// with every cell that was running then; at most MAX_NIC_RESETS times, each one in a comment.
+// (NETDEV WATCHDOG on its console), after which every cell fails: a cell that fails then runs again
+// after the guest's NIC was reset (`NicGuard`, interop/lab.ts), each reset in a comment.
 //
 // PERF_CELLS=regex runs only the cells whose name matches (development); the matrix records
-// whatever ran. PERF_PLANT_NIC_STALL=regex stops the guest's NIC before the first cell that
-// matches, with a watchdog line on its console, to exercise that recovery. Needs root (see
-// interop/README.md).
+// whatever ran. Needs root (see interop/README.md).
 import t from 'tap';
 import { createInterface } from 'node:readline';
 import { mkdtempSync, readFileSync, rmSync, existsSync } from 'node:fs';
@@ -32,7 +29,7 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import type { ChildProcess } from 'node:child_process';
-import { startLab, type Guest, type Lab } from '../../interop/lab.js';
+import { NicGuard, startLab, type Guest, type Lab } from '../../interop/lab.js';
 import { recordCell, type Direction } from '../../interop/matrix.js';
 import { decodeCapture, isGood, type DecodedFrame } from '../../src/analyze/decode.js';
 import { opcodeInfo } from '../../src/wire/opcode.js';
@@ -48,7 +45,6 @@ const CLI = path.join(DIST, 'src/cli/main.js');
 const work = mkdtempSync(path.join(tmpdir(), 'roce-perftest-'));
 const capture = path.join(work, 'bridge.pcap');
 const FILTER = process.env['PERF_CELLS'] ? new RegExp(process.env['PERF_CELLS']) : undefined;
-const PLANT_STALL = process.env['PERF_PLANT_NIC_STALL'] ? new RegExp(process.env['PERF_PLANT_NIC_STALL']) : undefined;
 
 /** Iterations per cell: perftest's minimum is 5. */
 const ITERS = 5;
@@ -367,53 +363,15 @@ async function runCell(c: Cell, lane: Lane): Promise<CellResult> {
 // ---------------------------------------------------------------------------------------------
 // The guest's NIC stopping
 
-const MAX_NIC_RESETS = 2;
-const nic = { resets: 0, stallLines: 0, resetting: undefined as Promise<boolean> | undefined, lastResetEnd: 0, planted: false };
+let guard: NicGuard | undefined;
 
-/** PERF_PLANT_NIC_STALL: the guest's NIC down and a watchdog line on its console, before cell `c`. */
-async function plantStall(c: Cell, g: Guest, say: (line: string) => void): Promise<void> {
-  if (!PLANT_STALL || nic.planted || !PLANT_STALL.test(c.name)) return;
-  nic.planted = true;
-  const r = await g.run('echo "<3>lab: NETDEV WATCHDOG: planted by PERF_PLANT_NIC_STALL" > /dev/kmsg && /usr/sbin/ip link set eth0 down');
-  say(`planted before ${c.name}: the guest's eth0 down (${r.code})`);
-}
-
-/**
- * Whether failed cell `r` ran while the guest's NIC had stopped transmitting: the console has
- * watchdog lines it had not when the NIC was last reset (the NIC is then reset, once for all the
- * cells that were running), or the cell was running during a reset. The cell should then run again.
- */
-async function nicStalled(r: CellResult, g: Guest, say: (line: string) => void): Promise<boolean> {
-  if (r.pass) return false;
-  if (nic.resetting) return nic.resetting;
-  if (r.startMs < nic.lastResetEnd) return true;
-  const lines = g.txStallLines();
-  if (lines <= nic.stallLines) return false;
-  if (nic.resets >= MAX_NIC_RESETS) {
-    r.problems.push(`the guest's NIC stopped transmitting again (${lines} watchdog lines on its console) after ${nic.resets} resets`);
-    return false;
-  }
-  nic.stallLines = lines;
-  nic.resets++;
-  const start = Date.now();
-  nic.resetting = g.resetNic().then(
-    (said) => { say(`the guest's NIC stopped transmitting (${lines} watchdog line${lines === 1 ? '' : 's'} on its console; ${r.cell.name} failed: ${r.problems[0]?.split('\n')[0]}); reset in ${secs(start)}: ${said}`); return true; },
-    (e: Error) => { r.problems.push(`the guest's NIC stopped transmitting and its reset failed: ${e.message}`); return false; },
-  ).finally(() => {
-    nic.lastResetEnd = Date.now();
-    nic.resetting = undefined;
-  });
-  return nic.resetting;
-}
-
-/** One cell, run again once if it failed while the guest's NIC had stopped. */
+/** One cell, run again once if it failed while the guest's NIC had stopped (`NicGuard`). */
 async function runGuarded(c: Cell, lane: Lane, say: (line: string) => void, prepare?: () => Promise<void>): Promise<CellResult> {
-  const g = need().guests[0] as Guest;
-  if (nic.resetting) await nic.resetting;
+  guard ??= new NicGuard(need().guests[0] as Guest);
+  await guard.before(c.name, say);
   await prepare?.();
-  await plantStall(c, g, say);
   const r = await runCell(c, lane);
-  if (!(await nicStalled(r, g, say))) return r;
+  if (r.pass || !(await guard.again(c.name, r.startMs, r.problems[0] ?? '', say, (why) => r.problems.push(why)))) return r;
   say(`${c.name}: run again after the NIC reset`);
   await prepare?.();
   return runCell(c, lane);
