@@ -14,7 +14,8 @@
  *   costs, not a larger window. (128 WRs on one QP is also the `rc WRITE 4 KiB mtu 4096` case.)
  *
  * Run alone: `node dist/bench/qpscale.bench.js [--quick]` (after `npm run build`); `--qps 1000 --ms 5000
- * --rounds 1` runs only the listed QP counts with a longer window, e.g. for `perf record` of one case.
+ * --rounds 1` runs only the listed QP counts with a longer window, e.g. for `perf record` of one case;
+ * `--warmup MS` changes the warm-up before each window.
  */
 
 import { pathToFileURL } from 'node:url';
@@ -143,6 +144,7 @@ export const goodputRowName = (n: number): string => `qpscale ${qpLabel(n)}: agg
 /** Run alone, the suite's cases can be narrowed: only some QP counts, another window or number of rounds. */
 interface ScaleSuiteOptions extends SuiteOptions {
   counts?: readonly number[];
+  warmupMs?: number;
   windowMs?: number;
   rounds?: number;
 }
@@ -150,7 +152,7 @@ interface ScaleSuiteOptions extends SuiteOptions {
 
 export async function run(opts: ScaleSuiteOptions): Promise<BenchRow[]> {
   const quick = opts.quick;
-  const warmupMs = quick ? 100 : 250;
+  const warmupMs = opts.warmupMs ?? (quick ? 100 : 250);
   const windowMs = opts.windowMs ?? (quick ? 300 : 1000);
   // Nine rounds, where the other suites take five: the ratio to one QP is a ratio of two figures a
   // shared machine moves by up to ±30 % from one second to the next, and the suite is short.
@@ -212,12 +214,13 @@ export async function run(opts: ScaleSuiteOptions): Promise<BenchRow[]> {
 }
 
 if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(process.argv[1]).href && process.send === undefined) {
-  const { values } = parseArgs({ options: { quick: { type: 'boolean', default: false }, qps: { type: 'string' }, ms: { type: 'string' }, rounds: { type: 'string' } } });
+  const { values } = parseArgs({ options: { quick: { type: 'boolean', default: false }, qps: { type: 'string' }, warmup: { type: 'string' }, ms: { type: 'string' }, rounds: { type: 'string' } } });
   console.log(machineLine());
   const rows = await run({
     quick: values.quick,
     log: (l) => console.log(l),
     ...(values.qps !== undefined ? { counts: values.qps.split(',').map(Number) } : {}),
+    ...(values.warmup !== undefined ? { warmupMs: Number(values.warmup) } : {}),
     ...(values.ms !== undefined ? { windowMs: Number(values.ms) } : {}),
     ...(values.rounds !== undefined ? { rounds: Number(values.rounds) } : {}),
   });
