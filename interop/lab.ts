@@ -385,17 +385,18 @@ class GuestImpl implements Guest {
     this.agent = new AgentChannel(() => this.context());
   }
 
+  /** The guest's serial console so far ('' before it has written any). */
+  private consoleText(): string {
+    try { return readFileSync(this.consolePath, 'latin1'); } catch { return ''; }
+  }
+
   consoleTail(lines = 15): string {
-    let text = '';
-    try { text = readFileSync(this.consolePath, 'latin1'); } catch { return '(no console output)'; }
-    const all = text.replace(/\r/g, '').split('\n').filter((l) => l.trim() !== '');
+    const all = this.consoleText().replace(/\r/g, '').split('\n').filter((l) => l.trim() !== '');
     return all.slice(-lines).join('\n') || '(no console output)';
   }
 
   txStallLines(): number {
-    let text = '';
-    try { text = readFileSync(this.consolePath, 'latin1'); } catch { return 0; }
-    return text.match(/NETDEV WATCHDOG|TX timeout on queue/g)?.length ?? 0;
+    return this.consoleText().match(/NETDEV WATCHDOG|TX timeout on queue/g)?.length ?? 0;
   }
 
   async resetNic(): Promise<string> {

@@ -208,8 +208,8 @@ t.test(`${cells.length} cells against the tools`, async (t) => {
       await guard.before(name(c), say);
       let o = await runCell(c);
       const first = o;
-      const problem = `tool ${o.tool?.code} ours ${o.ours?.code} ${o.error ?? ''}`;
-      if (failed(o) && (await guard.again(name(c), o.start, problem, say, (why) => { first.error = first.error === undefined ? why : `${first.error}; ${why}`; }))) {
+      const note = (why: string): void => { first.error = first.error === undefined ? why : `${first.error}; ${why}`; };
+      if (failed(o) && (await guard.again(name(c), o.start, `tool ${o.tool?.code} ours ${o.ours?.code} ${o.error ?? ''}`, say, note))) {
         t.comment(`${name(c)}: run again after the NIC reset`);
         o = await runCell(c);
       }
