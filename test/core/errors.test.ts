@@ -5,9 +5,10 @@
  */
 import t from 'tap';
 import { modifyQp, pollCq, postRecv, postSend, queryQp, regMr, type Qp } from '../../src/api/verbs.js';
-import { ACCESS, type QpState } from '../../src/core/types.js';
+import { ACCESS, type QpState, type SendWr, type WrOpcode } from '../../src/core/types.js';
 import { ackTimeoutUs } from '../../src/core/time.js';
-import { InvalidTransitionError, RoceError } from '../../src/core/errors.js';
+import { InvalidTransitionError, InvalidWrError, RoceError } from '../../src/core/errors.js';
+import { WR_OPCODES_FOR } from '../../src/core/requester.js';
 import { ALL_ACCESS, collect, connectPair, memoryPair, pattern, runUntil } from '../helpers/engine.js';
 
 async function rcPair(o: Parameters<typeof connectPair>[2] = {}) {
@@ -207,6 +208,40 @@ t.test('every invalid transition throws a typed error and leaves the state uncha
     }
   }
   t.ok(checked > 60, `${checked} invalid transitions checked`);
+});
+
+t.test('an opcode the QP type does not carry: InvalidWrError, nothing queued; one it carries is posted', async (t) => {
+  const p = await memoryPair();
+  const mr = regMr(p.a.pd, pattern(64, 4), ALL_ACCESS);
+  const remote = regMr(p.b.pd, new Uint8Array(64), ALL_ACCESS);
+  const ah = p.a.pd.createAh({ address: p.b.ctx.address, port: p.b.ctx.port });
+  const opcodes = [...new Set(Object.values(WR_OPCODES_FOR).flat()), 'NOT_AN_OPCODE'] as WrOpcode[];
+  let refused = 0;
+  for (const type of ['RC', 'UC', 'UD'] as const) {
+    for (const opcode of opcodes) {
+      const [qa, qb] = connectPair(p, type);
+      // Everything any opcode needs, so that only the opcode itself can be refused.
+      const wr: SendWr = {
+        wrId: 1, opcode, sgList: [mr.sge(0, 8)], immData: 7, invalidateRkey: remote.rkey,
+        rdma: { remoteAddr: remote.va(0), rkey: remote.rkey },
+        atomic: { remoteAddr: remote.va(0), rkey: remote.rkey, compareAdd: 0n, swap: 1n },
+        ...(type === 'UD' ? { ud: { ah, remoteQpn: qb.qpNum, remoteQkey: 0x80000000 } } : {}),
+      };
+      const carried = WR_OPCODES_FOR[type].includes(opcode);
+      const e = throws(() => postSend(qa, wr));
+      if (carried) {
+        t.equal(e, undefined, `${type} ${opcode} posted`);
+        t.equal(qa.core.sqLength, 1, `${type} ${opcode}: one WQE queued`);
+      } else {
+        refused++;
+        t.ok(e instanceof InvalidWrError, `${type} ${opcode}: InvalidWrError`);
+        t.match(String(e), `${opcode} is not available on a ${type} QP`);
+        t.equal(qa.core.sqLength, 0, `${type} ${opcode}: nothing queued`);
+      }
+    }
+  }
+  // RC refuses only the made-up one; UC four verbs and it; UD six and it.
+  t.equal(refused, 1 + 5 + 7);
 });
 
 function throws(f: () => void): unknown {
