@@ -154,9 +154,10 @@ export async function run(opts: ScaleSuiteOptions): Promise<BenchRow[]> {
   const quick = opts.quick;
   const warmupMs = opts.warmupMs ?? (quick ? 100 : 250);
   const windowMs = opts.windowMs ?? (quick ? 300 : 1000);
-  // Nine rounds, where the other suites take five: the ratio to one QP is a ratio of two figures a
-  // shared machine moves by up to ±30 % from one second to the next, and the suite is short.
-  const rounds = opts.rounds ?? (quick ? 3 : 9);
+  // Twenty-one rounds, where the other suites take five: each round's ratio to one QP is a ratio of two
+  // one-second figures that a shared machine moves by up to ±30 %, so single rounds spread over 0.4–1.6,
+  // and the median of nine still moved by 0.16 between runs of the same code. About two minutes.
+  const rounds = opts.rounds ?? (quick ? 3 : 21);
   const counts = opts.counts ?? QP_COUNTS;
   const cases: ProcCase[] = counts.map((n) => ({
     name: goodputRowName(n),
