@@ -29,7 +29,7 @@ import { MrTable, ProtectionDomain } from '../core/mr.js';
 import { QueuePair, type QpIo } from '../core/qp.js';
 import type { AsyncEvent, Endpoint, QpCap, QpState, QpType, Qpn } from '../core/types.js';
 import { DEFAULT_PKEY } from '../wire/constants.js';
-import { ACK_INFO, ACK_LEN, newAckRecord, parseAckInto, parsePacket, type RocePacket } from '../wire/packet.js';
+import { ACK_LEN, PacketRecord, parsePacket, parsePacketInto, type RocePacket } from '../wire/packet.js';
 import { OPCODE, type OpcodeInfo } from '../wire/opcode.js';
 import { Gsi } from '../cm/gsi.js';
 import { VirtualClock, type Clock, type TimerHandle } from './clock.js';
@@ -120,8 +120,9 @@ export class Device {
   private readonly rxTimeOnClock: boolean;
   private readonly io: QpIo;
   private readonly rxInfo: RxInfo = { srcAddress: '', dstAddress: '', udpLength: 0 };
-  private readonly ackRecord = newAckRecord();
-  private ackRecordInUse = false;
+  /** The record ingress parses into; in use while a packet is delivered (see `receive`). */
+  private readonly rxRecord = new PacketRecord();
+  private rxRecordInUse = false;
   /** QP1 and the CM agent it feeds; created at open, as a kernel does for every port. */
   readonly gsi: Gsi;
 
@@ -428,14 +429,20 @@ export class Device {
   receive(payload: Uint8Array, meta: RxMeta): void {
     if (this.closed) return;
     if (this.usualAck(payload, meta)) return;
-    // A plain ACK is parsed into one reused record: with many connections it is one packet in two
-    // (one per message each way), and the engines read a response packet only during the call. A
-    // receive nested in that call (a completion hook feeding the device at once) gets its own record.
-    if (!this.ackRecordInUse && parseAckInto(payload, 0, payload.length, this.ackRecord)) {
-      this.ackRecordInUse = true;
-      this.deliver(payload, meta, this.ackRecord, ACK_INFO);
-      this.ackRecordInUse = false;
-      return;
+    // Parsed into one reused record: the engines read a packet only during the call and copy what
+    // they keep (payload into memory, RETH fields into the QP). A receive nested in that call (a
+    // completion hook feeding the device at once) gets records of its own.
+    if (!this.rxRecordInUse) {
+      const info = parsePacketInto(payload, 0, payload.length, this.rxRecord);
+      if (info !== undefined) {
+        this.rxRecordInUse = true;
+        try {
+          this.deliver(payload, meta, this.rxRecord, info);
+        } finally {
+          this.rxRecordInUse = false;
+        }
+        return;
+      }
     }
     const parsed = parsePacket(payload, 0, payload.length);
     if (!parsed.ok) return this.drop('malformed', `${parsed.error}: ${parsed.detail}`);
@@ -450,7 +457,7 @@ export class Device {
    * false having changed nothing, and takes the general path, which drops and counts what it must.
    */
   private usualAck(b: Uint8Array, meta: RxMeta): boolean {
-    // Opcode, then PadCnt and TVer (0), as parseAckInto checks them.
+    // Opcode, then PadCnt and TVer (0), as a parse checks them.
     if (b.length !== ACK_LEN || b[0] !== RC_ACKNOWLEDGE || (b[1]! & 0x3f) !== 0) return false;
     const qp = this.lookupQp((b[5]! << 16) | (b[6]! << 8) | b[7]!);
     if (qp === undefined || qp.type !== 'RC') return false;

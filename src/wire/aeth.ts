@@ -76,7 +76,14 @@ export function describeSyndrome(syndrome: number): string {
 }
 
 export function parseAeth(b: Uint8Array, off: number): Aeth {
-  return { syndrome: b[off]!, msn: readU24(b, off + 1) };
+  return parseAethInto(b, off, { syndrome: 0, msn: 0 });
+}
+
+/** `parseAeth` into a record the caller reuses; returns it. */
+export function parseAethInto(b: Uint8Array, off: number, h: Aeth): Aeth {
+  h.syndrome = b[off]!;
+  h.msn = readU24(b, off + 1);
+  return h;
 }
 
 export function emitAeth(h: Aeth, b: Uint8Array, off: number): number {

@@ -21,7 +21,16 @@ export interface AtomicAckEth {
 }
 
 export function parseAtomicEth(b: Uint8Array, off: number): AtomicEth {
-  return { va: readU64(b, off), rkey: readU32(b, off + 8), swapAdd: readU64(b, off + 12), compare: readU64(b, off + 20) };
+  return parseAtomicEthInto(b, off, { va: 0n, rkey: 0, swapAdd: 0n, compare: 0n });
+}
+
+/** `parseAtomicEth` into a record the caller reuses; returns it. */
+export function parseAtomicEthInto(b: Uint8Array, off: number, h: AtomicEth): AtomicEth {
+  h.va = readU64(b, off);
+  h.rkey = readU32(b, off + 8);
+  h.swapAdd = readU64(b, off + 12);
+  h.compare = readU64(b, off + 20);
+  return h;
 }
 
 export function emitAtomicEth(h: AtomicEth, b: Uint8Array, off: number): number {
@@ -33,7 +42,13 @@ export function emitAtomicEth(h: AtomicEth, b: Uint8Array, off: number): number 
 }
 
 export function parseAtomicAckEth(b: Uint8Array, off: number): AtomicAckEth {
-  return { originalData: readU64(b, off) };
+  return parseAtomicAckEthInto(b, off, { originalData: 0n });
+}
+
+/** `parseAtomicAckEth` into a record the caller reuses; returns it. */
+export function parseAtomicAckEthInto(b: Uint8Array, off: number, h: AtomicAckEth): AtomicAckEth {
+  h.originalData = readU64(b, off);
+  return h;
 }
 
 export function emitAtomicAckEth(h: AtomicAckEth, b: Uint8Array, off: number): number {

@@ -63,24 +63,30 @@ export function setBthFecn(b: Uint8Array, off: number, on: boolean): void {
 }
 
 export function parseBth(b: Uint8Array, off: number): Bth {
+  return parseBthInto(b, off, {
+    opcode: 0, se: false, m: false, padCount: 0, tver: 0, pkey: 0, fecn: false, becn: false, resv6: 0, destQp: 0, ackReq: false, resv7: 0, psn: 0,
+  });
+}
+
+/** `parseBth` into a record the caller reuses; returns it. */
+export function parseBthInto(b: Uint8Array, off: number, h: Bth): Bth {
   const f = b[off + 1]!;
   const e = b[off + 4]!;
   const a = b[off + 8]!;
-  return {
-    opcode: b[off]!,
-    se: (f & 0x80) !== 0,
-    m: (f & 0x40) !== 0,
-    padCount: (f >>> 4) & 3,
-    tver: f & 0xf,
-    pkey: readU16(b, off + 2),
-    fecn: (e & 0x80) !== 0,
-    becn: (e & 0x40) !== 0,
-    resv6: e & 0x3f,
-    destQp: readU24(b, off + 5),
-    ackReq: (a & 0x80) !== 0,
-    resv7: a & 0x7f,
-    psn: readU24(b, off + 9),
-  };
+  h.opcode = b[off]!;
+  h.se = (f & 0x80) !== 0;
+  h.m = (f & 0x40) !== 0;
+  h.padCount = (f >>> 4) & 3;
+  h.tver = f & 0xf;
+  h.pkey = readU16(b, off + 2);
+  h.fecn = (e & 0x80) !== 0;
+  h.becn = (e & 0x40) !== 0;
+  h.resv6 = e & 0x3f;
+  h.destQp = readU24(b, off + 5);
+  h.ackReq = (a & 0x80) !== 0;
+  h.resv7 = a & 0x7f;
+  h.psn = readU24(b, off + 9);
+  return h;
 }
 
 /** Writes all 12 bytes. Field values are masked to their widths. */

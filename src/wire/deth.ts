@@ -8,7 +8,14 @@ export interface Deth {
 }
 
 export function parseDeth(b: Uint8Array, off: number): Deth {
-  return { qkey: readU32(b, off), srcQp: readU24(b, off + 5) };
+  return parseDethInto(b, off, { qkey: 0, srcQp: 0 });
+}
+
+/** `parseDeth` into a record the caller reuses; returns it. */
+export function parseDethInto(b: Uint8Array, off: number, h: Deth): Deth {
+  h.qkey = readU32(b, off);
+  h.srcQp = readU24(b, off + 5);
+  return h;
 }
 
 export function emitDeth(h: Deth, b: Uint8Array, off: number): number {

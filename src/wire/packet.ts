@@ -14,24 +14,30 @@
  */
 
 import { AETH_LEN, BTH_LEN, BTH_TVER, ICRC_LEN } from './constants.js';
-import { emitAeth, parseAeth, type Aeth } from './aeth.js';
-import { emitAtomicAckEth, emitAtomicEth, parseAtomicAckEth, parseAtomicEth, type AtomicAckEth, type AtomicEth } from './atomic.js';
-import { emitBth, parseBth, type Bth } from './bth.js';
-import { emitDeth, parseDeth, type Deth } from './deth.js';
-import { OPCODE, opcodeInfo, type OpcodeInfo } from './opcode.js';
-import { emitReth, parseReth, type Reth } from './reth.js';
-import { emitFeth, emitIeth, emitImmDt, parseFeth, parseIeth, parseImmDt, type Feth, type Ieth, type ImmDt } from './small.js';
+import { emitAeth, parseAeth, parseAethInto, type Aeth } from './aeth.js';
+import {
+  emitAtomicAckEth, emitAtomicEth, parseAtomicAckEth, parseAtomicAckEthInto, parseAtomicEth, parseAtomicEthInto, type AtomicAckEth, type AtomicEth,
+} from './atomic.js';
+import { emitBth, parseBth, parseBthInto, type Bth } from './bth.js';
+import { emitDeth, parseDeth, parseDethInto, type Deth } from './deth.js';
+import { opcodeInfo, type OpcodeInfo } from './opcode.js';
+import { emitReth, parseReth, parseRethInto, type Reth } from './reth.js';
+import {
+  emitFeth, emitIeth, emitImmDt, parseFeth, parseFethInto, parseIeth, parseIethInto, parseImmDt, parseImmDtInto, type Feth, type Ieth, type ImmDt,
+} from './small.js';
 
 export interface RocePacket {
   bth: Bth;
-  deth?: Deth;
-  feth?: Feth;
-  reth?: Reth;
-  atomicEth?: AtomicEth;
-  aeth?: Aeth;
-  atomicAckEth?: AtomicAckEth;
-  immDt?: ImmDt;
-  ieth?: Ieth;
+  // Absent or undefined alike: a header the opcode does not carry (a reused `PacketRecord` holds
+  // every slot, undefined when empty).
+  deth?: Deth | undefined;
+  feth?: Feth | undefined;
+  reth?: Reth | undefined;
+  atomicEth?: AtomicEth | undefined;
+  aeth?: Aeth | undefined;
+  atomicAckEth?: AtomicAckEth | undefined;
+  immDt?: ImmDt | undefined;
+  ieth?: Ieth | undefined;
   /** Payload without pad. On parse, a view into the input. */
   payload: Uint8Array;
   /** The ICRC as the 4 trailing bytes hold it (little-endian on the wire). */
@@ -52,7 +58,9 @@ export type PacketErrorCode =
 
 export type PacketParse =
   | { ok: true; packet: RocePacket; info: OpcodeInfo }
-  | { ok: false; error: PacketErrorCode; detail: string };
+  | PacketFailure;
+
+type PacketFailure = { ok: false; error: PacketErrorCode; detail: string };
 
 /**
  * The payload of every packet that has none (ACKs, READ requests, empty messages): a view costs as
@@ -71,23 +79,14 @@ export function packetLength(p: Pick<RocePacket, 'bth' | 'payload'>): number {
 }
 
 export function parsePacket(b: Uint8Array, off = 0, len = b.length - off): PacketParse {
-  if (off < 0 || len < 0 || off + len > b.length) return fail('TOO_SHORT', `range ${off}+${len} outside a ${b.length}-byte buffer`);
-  if (len < BTH_LEN + ICRC_LEN) return fail('TOO_SHORT', `${len} bytes, need at least ${BTH_LEN + ICRC_LEN}`);
-  const bth = parseBth(b, off);
-  if (bth.tver !== BTH_TVER) return fail('BAD_TVER', `TVer ${bth.tver}`);
-  const info = opcodeInfo(bth.opcode);
-  if (!info) return fail('UNKNOWN_OPCODE', `opcode 0x${bth.opcode.toString(16).padStart(2, '0')}`);
-  const fixed = info.headerLength + bth.padCount + ICRC_LEN;
-  if (len < fixed) return fail('TRUNCATED_HEADERS', `${info.name} needs ${fixed} bytes, got ${len}`);
-  const payloadLength = len - fixed;
-  if (!info.payload && payloadLength + bth.padCount > 0) {
-    return fail('UNEXPECTED_PAYLOAD', `${info.name} carries no payload, found ${payloadLength + bth.padCount} bytes`);
-  }
-  const end = off + len;
+  const c = check(b, off, len);
+  if (isFailure(c)) return c;
+  const info = c;
+  const payloadLength = len - info.headerLength - padCount(b, off) - ICRC_LEN;
   const pkt: RocePacket = {
-    bth,
+    bth: parseBth(b, off),
     payload: payloadLength === 0 ? NO_PAYLOAD : b.subarray(off + info.headerLength, off + info.headerLength + payloadLength),
-    icrc: (b[end - 4]! | (b[end - 3]! << 8) | (b[end - 2]! << 16) | (b[end - 1]! << 24)) >>> 0,
+    icrc: icrcAt(b, off + len),
   };
   const o = info.offsets;
   if (o.DETH !== undefined) pkt.deth = parseDeth(b, off + o.DETH);
@@ -101,57 +100,95 @@ export function parsePacket(b: Uint8Array, off = 0, len = b.length - off): Packe
   return { ok: true, packet: pkt, info };
 }
 
-/** An RC ACKNOWLEDGE record that `parseAckInto` fills: the same fields `parsePacket` gives an ACK. */
-export type AckRecord = RocePacket & { aeth: Aeth };
-
-export function newAckRecord(): AckRecord {
-  return {
-    bth: { opcode: 0, se: false, m: false, padCount: 0, tver: 0, pkey: 0, fecn: false, becn: false, resv6: 0, destQp: 0, ackReq: false, resv7: 0, psn: 0 },
+/**
+ * A packet record that `parsePacketInto` refills, for a receive path that reads each packet only
+ * during one call: every header slot is always present (undefined when the opcode has no such
+ * header) and points, when set, at the one object of its kind the record owns, so the record keeps
+ * one shape whatever opcode it holds and a parse allocates nothing but the payload view (and the
+ * BigInts of a 64-bit field).
+ */
+export class PacketRecord implements RocePacket {
+  bth: Bth = { opcode: 0, se: false, m: false, padCount: 0, tver: 0, pkey: 0, fecn: false, becn: false, resv6: 0, destQp: 0, ackReq: false, resv7: 0, psn: 0 };
+  deth: Deth | undefined = undefined;
+  feth: Feth | undefined = undefined;
+  reth: Reth | undefined = undefined;
+  atomicEth: AtomicEth | undefined = undefined;
+  aeth: Aeth | undefined = undefined;
+  atomicAckEth: AtomicAckEth | undefined = undefined;
+  immDt: ImmDt | undefined = undefined;
+  ieth: Ieth | undefined = undefined;
+  payload: Uint8Array = NO_PAYLOAD;
+  icrc = 0;
+  /** The header objects the slots point at; refilled in place by each parse. */
+  readonly owned = {
+    deth: { qkey: 0, srcQp: 0 },
+    feth: { placementType: 0, selectivity: 0 },
+    reth: { va: 0n, rkey: 0, dmaLength: 0 },
+    atomicEth: { va: 0n, rkey: 0, swapAdd: 0n, compare: 0n },
     aeth: { syndrome: 0, msn: 0 },
-    payload: NO_PAYLOAD,
-    icrc: 0,
+    atomicAckEth: { originalData: 0n },
+    immDt: { data: 0 },
+    ieth: { rkey: 0 },
   };
 }
 
-const RC_ACKNOWLEDGE = OPCODE['RC_ACKNOWLEDGE']!;
-/** The RC ACKNOWLEDGE opcode's table entry. */
-export const ACK_INFO: OpcodeInfo = opcodeInfo(RC_ACKNOWLEDGE)!;
+/**
+ * `parsePacket` into a reused record: when `b[off … off + len)` is a packet `parsePacket` would
+ * accept, fills `rec` with the same fields and returns the opcode's table entry; otherwise returns
+ * undefined and leaves `rec` unchanged (`parsePacket` then says what is wrong). `rec` holds the
+ * packet until its next parse: a caller that may be re-entered needs a record per level.
+ */
+export function parsePacketInto(b: Uint8Array, off: number, len: number, rec: PacketRecord): OpcodeInfo | undefined {
+  const c = check(b, off, len);
+  if (isFailure(c)) return undefined;
+  const info = c;
+  const payloadLength = len - info.headerLength - padCount(b, off) - ICRC_LEN;
+  parseBthInto(b, off, rec.bth);
+  rec.payload = payloadLength === 0 ? NO_PAYLOAD : b.subarray(off + info.headerLength, off + info.headerLength + payloadLength);
+  rec.icrc = icrcAt(b, off + len);
+  const o = info.offsets;
+  const h = rec.owned;
+  rec.deth = o.DETH === undefined ? undefined : parseDethInto(b, off + o.DETH, h.deth);
+  rec.feth = o.FETH === undefined ? undefined : parseFethInto(b, off + o.FETH, h.feth);
+  rec.reth = o.RETH === undefined ? undefined : parseRethInto(b, off + o.RETH, h.reth);
+  rec.atomicEth = o.AtomicETH === undefined ? undefined : parseAtomicEthInto(b, off + o.AtomicETH, h.atomicEth);
+  rec.aeth = o.AETH === undefined ? undefined : parseAethInto(b, off + o.AETH, h.aeth);
+  rec.atomicAckEth = o.AtomicAckETH === undefined ? undefined : parseAtomicAckEthInto(b, off + o.AtomicAckETH, h.atomicAckEth);
+  rec.immDt = o.ImmDt === undefined ? undefined : parseImmDtInto(b, off + o.ImmDt, h.immDt);
+  rec.ieth = o.IETH === undefined ? undefined : parseIethInto(b, off + o.IETH, h.ieth);
+  return info;
+}
+
 /** The one length of a well-formed ACK: BTH, AETH, ICRC. */
 export const ACK_LEN = BTH_LEN + AETH_LEN + ICRC_LEN;
 
 /**
- * `parsePacket` for the packet a connection receives most of when it has many peers' messages in
- * flight, one ACK per message: when `b[off … off + len)` is an RC ACKNOWLEDGE that `parsePacket`
- * would accept (20 bytes, TVer 0, no pad), fills `rec` with what it would return and answers
- * true; for anything else, false, and `rec` is unchanged (`parsePacket` then says what is wrong).
- * No allocation: the caller reuses `rec`, which holds the packet only until its next call.
+ * The checks of a parse, in rdma_rxe's ingress order: length, transport version, opcode, then the
+ * opcode's headers, pad and ICRC; the opcode's table entry when they pass. Reads only the bytes.
  */
-export function parseAckInto(b: Uint8Array, off: number, len: number, rec: AckRecord): boolean {
-  if (len !== ACK_LEN || off < 0 || off + len > b.length || b[off] !== RC_ACKNOWLEDGE || (b[off + 1]! & 0x3f) !== BTH_TVER) return false;
-  const h = rec.bth;
-  const f = b[off + 1]!;
-  const e = b[off + 4]!;
-  const a = b[off + 8]!;
-  h.opcode = RC_ACKNOWLEDGE;
-  h.se = (f & 0x80) !== 0;
-  h.m = (f & 0x40) !== 0;
-  h.padCount = 0;
-  h.tver = 0;
-  h.pkey = (b[off + 2]! << 8) | b[off + 3]!;
-  h.fecn = (e & 0x80) !== 0;
-  h.becn = (e & 0x40) !== 0;
-  h.resv6 = e & 0x3f;
-  h.destQp = (b[off + 5]! << 16) | (b[off + 6]! << 8) | b[off + 7]!;
-  h.ackReq = (a & 0x80) !== 0;
-  h.resv7 = a & 0x7f;
-  h.psn = (b[off + 9]! << 16) | (b[off + 10]! << 8) | b[off + 11]!;
-  rec.aeth.syndrome = b[off + 12]!;
-  rec.aeth.msn = (b[off + 13]! << 16) | (b[off + 14]! << 8) | b[off + 15]!;
-  rec.icrc = (b[off + 16]! | (b[off + 17]! << 8) | (b[off + 18]! << 16) | (b[off + 19]! << 24)) >>> 0;
-  return true;
+function check(b: Uint8Array, off: number, len: number): OpcodeInfo | PacketFailure {
+  if (off < 0 || len < 0 || off + len > b.length) return fail('TOO_SHORT', `range ${off}+${len} outside a ${b.length}-byte buffer`);
+  if (len < BTH_LEN + ICRC_LEN) return fail('TOO_SHORT', `${len} bytes, need at least ${BTH_LEN + ICRC_LEN}`);
+  const tver = b[off + 1]! & 0xf;
+  if (tver !== BTH_TVER) return fail('BAD_TVER', `TVer ${tver}`);
+  const opcode = b[off]!;
+  const info = opcodeInfo(opcode);
+  if (!info) return fail('UNKNOWN_OPCODE', `opcode 0x${opcode.toString(16).padStart(2, '0')}`);
+  const pad = padCount(b, off);
+  const fixed = info.headerLength + pad + ICRC_LEN;
+  if (len < fixed) return fail('TRUNCATED_HEADERS', `${info.name} needs ${fixed} bytes, got ${len}`);
+  if (!info.payload && len - fixed + pad > 0) {
+    return fail('UNEXPECTED_PAYLOAD', `${info.name} carries no payload, found ${len - fixed + pad} bytes`);
+  }
+  return info;
 }
 
-function fail(error: PacketErrorCode, detail: string): PacketParse {
+const isFailure = (c: OpcodeInfo | PacketFailure): c is PacketFailure => (c as PacketFailure).ok === false;
+const padCount = (b: Uint8Array, off: number): number => (b[off + 1]! >>> 4) & 3;
+/** The ICRC in the four bytes before `end`, little-endian as the wire holds it. */
+const icrcAt = (b: Uint8Array, end: number): number => (b[end - 4]! | (b[end - 3]! << 8) | (b[end - 2]! << 16) | (b[end - 1]! << 24)) >>> 0;
+
+function fail(error: PacketErrorCode, detail: string): PacketFailure {
   return { ok: false, error, detail };
 }
 

@@ -11,7 +11,15 @@ export interface Reth {
 }
 
 export function parseReth(b: Uint8Array, off: number): Reth {
-  return { va: readU64(b, off), rkey: readU32(b, off + 8), dmaLength: readU32(b, off + 12) };
+  return parseRethInto(b, off, { va: 0n, rkey: 0, dmaLength: 0 });
+}
+
+/** `parseReth` into a record the caller reuses; returns it. */
+export function parseRethInto(b: Uint8Array, off: number, h: Reth): Reth {
+  h.va = readU64(b, off);
+  h.rkey = readU32(b, off + 8);
+  h.dmaLength = readU32(b, off + 12);
+  return h;
 }
 
 export function emitReth(h: Reth, b: Uint8Array, off: number): number {

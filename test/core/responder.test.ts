@@ -11,7 +11,7 @@ import { blankFields, HeaderBuilder } from '../../src/core/headers.js';
 import { opcodeOf } from '../../src/wire/opcode.js';
 
 const E = 500; // the harness's expected PSN
-const syn = (p: { aeth?: { syndrome: number } }): number => p.aeth!.syndrome;
+const syn = (p: { aeth?: { syndrome: number } | undefined }): number => p.aeth!.syndrome;
 
 t.test('checkPsn (RC)', async (t) => {
   t.test('in sequence: executed, ACKed when AckReq is set, MSN counts messages', async (t) => {

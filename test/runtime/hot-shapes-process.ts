@@ -1,7 +1,8 @@
 /**
  * Child of hot-shapes.test.ts, run with `--allow-natives-syntax`: two devices on loopback, one RC QP
  * each, 32 RDMA WRITEs; then prints, as one JSON line, whether the records every packet touches kept
- * V8's fast properties, and whether the receive metadata was one record.
+ * V8's fast properties, and whether the receive metadata and the target's parsed packets were one
+ * record each.
  */
 import {
   allocPd, closeDevice, createCq, createQp, modifyQp, openDevice, pollCq, postSend, regMr, type Context, type Qp,
@@ -41,6 +42,17 @@ link.onReceive((payload, meta) => {
   a.device.receive(payload, meta);
 });
 
+// What the target's QP is handed for each packet it receives (the WRITEs).
+const packets = new Set<object>();
+let fastPackets = true;
+const qpb = sb.qp.core;
+const onPacket = qpb.onPacket.bind(qpb);
+qpb.onPacket = (now, pkt, info, rx) => {
+  packets.add(pkt);
+  fastPackets &&= hasFastProperties(pkt);
+  onPacket(now, pkt, info, rx);
+};
+
 let done = 0;
 for (let i = 0; i < 32; i++) {
   postSend(sa.qp, [{ wrId: BigInt(i), opcode: 'RDMA_WRITE', sgList: [sa.mr.sge(0, 4096)], rdma: { remoteAddr: sb.mr.va(0), rkey: sb.mr.rkey } }]);
@@ -55,6 +67,8 @@ process.stdout.write(JSON.stringify({
   done,
   metaRecords: metas.size,
   fastMetas,
+  packetRecords: packets.size,
+  fastPackets,
   deviceCounters: hasFastProperties(a.device.counters),
   linkCounters: hasFastProperties((link as unknown as { counters: object }).counters),
   qp: hasFastProperties(sa.qp.core),

@@ -1,8 +1,8 @@
 /**
  * The records every packet touches stay in V8's fast-property mode (a fixed layout, read by a field
- * load) rather than falling back to a hash table, and the link hands its handler one metadata record
- * rather than a fresh object per datagram. Checked in a child with `--allow-natives-syntax` after
- * real traffic over loopback (hot-shapes-process.ts).
+ * load) rather than falling back to a hash table, the link hands its handler one metadata record
+ * rather than a fresh object per datagram, and the device its QPs one parsed packet record. Checked
+ * in a child with `--allow-natives-syntax` after real traffic over loopback (hot-shapes-process.ts).
  */
 import t from 'tap';
 import { execFile } from 'node:child_process';
@@ -20,6 +20,8 @@ t.test('hot records keep fast properties; one receive record per link', async (t
   t.equal(r['done'], 32, 'every WRITE completed');
   t.equal(r['metaRecords'], 1, 'the initiator was handed one metadata record for all its ACKs');
   t.equal(r['fastMetas'], true, 'that record has fast properties');
+  t.equal(r['packetRecords'], 1, "the target's QP was handed one parsed packet record for all the WRITEs");
+  t.equal(r['fastPackets'], true, 'that record has fast properties');
   t.equal(r['deviceCounters'], true, "the device's counters have fast properties");
   t.equal(r['linkCounters'], true, "the link's counters have fast properties");
   t.equal(r['qp'], true, 'the QP record has fast properties');

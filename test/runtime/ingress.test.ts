@@ -6,6 +6,7 @@ import t from 'tap';
 import fc from 'fast-check';
 import { modifyQp, postRecv, regMr } from '../../src/api/verbs.js';
 import { emitPacket, packetLength, type RocePacket } from '../../src/wire/packet.js';
+import { toHex } from '../../src/wire/bytes.js';
 import { DROP_COUNTERS } from '../../src/core/counters.js';
 import { ALL_ACCESS, bth, connectPair, memoryPair, pattern } from '../helpers/engine.js';
 
@@ -64,4 +65,31 @@ t.test('random bytes never throw and are always counted', async (t) => {
     return sum1 === sum0 + 1;
   }), { seed: 42, numRuns: 3000 });
   t.pass('3000 random datagrams, each accounted for once');
+});
+
+t.test('a packet received while another is being delivered is parsed apart from it', async (t) => {
+  // The device parses into one reused record, which the engines read until their call returns; the
+  // responder reads the PSN again after pushing the receive completion, whose hook may feed the
+  // device at once. Here it does, with a UD datagram of another PSN, QP and shape.
+  const p = await memoryPair();
+  const [, rc] = connectPair(p, 'RC');
+  const [, ud] = connectPair(p, 'UD', { qkey: 0x1234 });
+  const dev = p.b.ctx.device;
+  const peer = p.a.ctx.address;
+  const dst = regMr(p.b.pd, new Uint8Array(128), ALL_ACCESS);
+  postRecv(rc, { wrId: 1, sgList: [dst.sge(0, 64)] });
+  postRecv(ud, { wrId: 2, sgList: [dst.sge(64, 64)] });
+  let nested = 0;
+  p.b.cq.core.onCompletion = () => {
+    if (nested++ > 0) return;
+    dev.receive(bytes({ bth: bth('UD_SEND_ONLY', 0x777, { destQp: ud.qpNum }), deth: { qkey: 0x1234, srcQp: 5 }, payload: pattern(4, 3), icrc: 0 }), meta(peer));
+  };
+  dev.receive(bytes({ bth: bth('RC_SEND_ONLY', 0x100, { destQp: rc.qpNum, ackReq: true }), payload: pattern(8, 2), icrc: 0 }), meta(peer));
+  t.equal(nested, 2, 'the RC completion fed the device, whose UD completion followed');
+  t.equal(rc.core.respPsn, 0x101, 'the RC QP expects the PSN after the outer packet');
+  t.equal(rc.core.respAckPsn, 0x100, 'and acknowledges the outer packet, not the nested one');
+  t.equal(p.b.ctx.counters.rcvdPkts, 2, 'both packets accepted');
+  t.match(p.b.cq.poll(2), [{ wrId: 1, status: 'SUCCESS', byteLen: 8 }, { wrId: 2, status: 'SUCCESS', byteLen: 44, srcQp: 5 }]);
+  t.equal(toHex(dst.buffer.subarray(0, 8)), toHex(pattern(8, 2)), 'the RC payload in place');
+  t.equal(toHex(dst.buffer.subarray(64 + 40, 64 + 44)), toHex(pattern(4, 3)), 'the UD payload after its GRH');
 });
