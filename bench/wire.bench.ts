@@ -8,7 +8,7 @@ import { createRequire } from 'node:module';
 import { pathToFileURL } from 'node:url';
 import { bthDestQp, bthOpcode, bthPsn } from '../src/wire/bth.js';
 import { OPCODE } from '../src/wire/opcode.js';
-import { emitPacket, packetLength, parsePacket, type RocePacket } from '../src/wire/packet.js';
+import { emitPacket, PacketRecord, packetLength, parsePacket, parsePacketInto, type RocePacket } from '../src/wire/packet.js';
 import { formatRows, measure, type BenchRow, type MeasureOptions } from './harness.js';
 
 const require = createRequire(import.meta.url);
@@ -32,6 +32,7 @@ function codecRows(m: MeasureOptions): BenchRow[] {
   const ackBuf = new Uint8Array(packetLength(ack));
   emitPacket(ack, ackBuf);
   const out = new Uint8Array(wf.length);
+  const rec = new PacketRecord();
 
   // buffer-layout's description of the same 28 header bytes. It has no 64-bit big-endian
   // integer that keeps precision, so the VA is two 32-bit halves.
@@ -50,6 +51,9 @@ function codecRows(m: MeasureOptions): BenchRow[] {
   const rows: BenchRow[] = [
     { name: 'parsePacket RC_RDMA_WRITE_FIRST (BTH+RETH, 1 KiB payload view)', value: parse, unit: 'ns/pkt' },
     { name: 'parsePacket RC_ACKNOWLEDGE (BTH+AETH)', value: measure(() => { const r = parsePacket(ackBuf); return r.ok ? r.packet.bth.psn : 0; }, m).nsPerOp, unit: 'ns/pkt' },
+    // The device's ingress: the same parse into one reused record (no BTH, header or result objects).
+    { name: 'parsePacketInto RC_RDMA_WRITE_FIRST, reused record', value: measure(() => (parsePacketInto(wf, 0, wf.length, rec) ? rec.bth.psn : 0), m).nsPerOp, unit: 'ns/pkt' },
+    { name: 'parsePacketInto RC_ACKNOWLEDGE, reused record', value: measure(() => (parsePacketInto(ackBuf, 0, ackBuf.length, rec) ? rec.bth.psn : 0), m).nsPerOp, unit: 'ns/pkt' },
     { name: 'raw accessors: opcode, DestQP, PSN', value: measure(() => bthOpcode(wf, 0) ^ bthDestQp(wf, 0) ^ bthPsn(wf, 0), m).nsPerOp, unit: 'ns/pkt' },
     { name: 'buffer-layout decode of the same BTH+RETH', value: measure(() => bthRethLayout.decode(wfBuffer, 0).psn, m).nsPerOp, unit: 'ns/pkt' },
     { name: 'emitPacket RC_RDMA_WRITE_FIRST (headers + 1 KiB copy)', value: measure(() => emitPacket(writeFirst, out, 0), m).nsPerOp, unit: 'ns/pkt' },
