@@ -10,6 +10,7 @@
  * the loopback) and the receive ICRC, the same at one QP and at 10,000.
  *
  *   node dist/bench/target-path.js [--qps 1,10000] [--rounds 7] [--ms 800] [TREE ...]
+ *   taskset -c 1 node dist/bench/target-path.js --interleave [--qps 1] [--rounds 80] [--ms 40] TREE ...
  *
  * Each round runs every QP count on every tree (a checkout built with `npx tsc`; default this one),
  * each in a fresh process pinned to CPU 1 where `taskset` can, so the builds see the same moment of a
@@ -137,8 +138,11 @@ export async function stubSide(tree: string, n: number, onSend?: (head: Uint8Arr
   return { v, ctx, cq, mr, qps, rx: handler, answer: batchEnd, flush, sent: () => sent, peer };
 }
 
-/** One process, one tree, one QP count: ns per packet over `ms`, after a warm-up. */
-async function child(tree: string, n: number, ms: number): Promise<void> {
+/**
+ * The target's side for one tree and QP count, fed WRITE ONLY packets: the returned function feeds it
+ * for about `ms` and gives ns per packet, having checked that every packet was accepted and answered.
+ */
+async function targetRunner(tree: string, n: number): Promise<(ms: number) => { nsPerPacket: number; packets: number }> {
   const { ctx, mr, qps, rx, answer, flush, sent: sentCount, peer } = await stubSide(tree, n);
   const qpns = Int32Array.from(qps, (q) => q.qpNum);
   const slots: Uint8Array[] = [];
@@ -172,29 +176,56 @@ async function child(tree: string, n: number, ms: number): Promise<void> {
     answer(false);
     flush();
   };
-  const runFor = (window: number): number => {
+  return (ms: number) => {
+    const sent0 = sentCount();
+    const c0 = ctx.device.snapshot();
     let packets = 0;
-    const end = performance.now() + window;
+    const t0 = performance.now();
+    const end = t0 + ms;
     while (performance.now() < end) {
       for (let j = 0; j < 16; j++) batch();
       packets += 16 * BATCH;
     }
-    return packets;
+    const t1 = performance.now();
+    const c1 = ctx.device.snapshot();
+    // Every packet must have been accepted and answered: one ACK per batch with one QP, one per packet with many.
+    const executed = c1.rcvdPkts - c0.rcvdPkts;
+    const acks = sentCount() - sent0;
+    if (executed !== packets || acks < packets / BATCH || (n >= BATCH && acks !== packets)) {
+      throw new Error(`target-path: ${packets} packets fed, ${executed} accepted, ${acks} ACKs`);
+    }
+    return { nsPerPacket: ((t1 - t0) * 1e6) / packets, packets };
   };
-  runFor(Math.min(400, ms));
-  const sent0 = sentCount();
-  const c0 = ctx.device.snapshot();
-  const t0 = performance.now();
-  const packets = runFor(ms);
-  const t1 = performance.now();
-  const c1 = ctx.device.snapshot();
-  // Every packet must have been accepted and answered: one ACK per batch with one QP, one per packet with many.
-  const executed = c1.rcvdPkts - c0.rcvdPkts;
-  const acks = sentCount() - sent0;
-  if (executed !== packets || acks < packets / BATCH || (n >= BATCH && acks !== packets)) {
-    throw new Error(`target-path: ${packets} packets fed, ${executed} accepted, ${acks} ACKs`);
+}
+
+/** One process, one tree, one QP count: ns per packet over `ms`, after a warm-up. */
+async function child(tree: string, n: number, ms: number): Promise<void> {
+  const run = await targetRunner(tree, n);
+  run(Math.min(400, ms));
+  process.stdout.write(`${JSON.stringify(run(ms))}\n`);
+}
+
+/**
+ * `--interleave`: every tree's target in this one process, windows of `ms` alternated tree by tree for
+ * `rounds` rounds, the order reversed every other round, so that the builds see the same moments of a
+ * VM whose speed swings by 2× from one second to the next (separate processes, a second each, do not).
+ * Prints each tree's median ns per packet and its median per-window ratio to the first tree's.
+ */
+async function interleaved(trees: string[], n: number, rounds: number, ms: number): Promise<void> {
+  const runs: ((ms: number) => { nsPerPacket: number })[] = [];
+  for (const tree of trees) runs.push(await targetRunner(tree, n));
+  for (const run of runs) run(500);
+  const got: number[][] = trees.map(() => []);
+  for (let r = 0; r < rounds; r++) {
+    const order = r % 2 === 0 ? [...runs.keys()] : [...runs.keys()].reverse();
+    for (const i of order) got[i]!.push(runs[i]!(ms).nsPerPacket);
   }
-  process.stdout.write(`${JSON.stringify({ nsPerPacket: ((t1 - t0) * 1e6) / packets, packets })}\n`);
+  console.log(`${rounds} rounds of ${ms} ms per tree in one process, ${n.toLocaleString('en-US')} QP${n === 1 ? '' : 's'}; ns per packet`);
+  const first = got[0]!;
+  trees.forEach((tree, i) => {
+    const xs = got[i]!;
+    console.log(`${tree}: median ${median(xs).toFixed(0)}, over the first tree paired ${median(xs.map((x, k) => x / first[k]!)).toFixed(3)}`);
+  });
 }
 
 /** A turn of the event loop: the posts' QP runs (microtasks), the ready QPs' run (an immediate). */
@@ -282,5 +313,13 @@ export async function pathMain(script: string, what: string, child: (tree: strin
 
 const me = fileURLToPath(import.meta.url);
 if (process.argv[1] !== undefined && resolve(process.argv[1]) === me) {
-  await pathMain(me, `WRITE ONLY ${SIZE} B with AckReq, batches of ${BATCH}`, child);
+  if (process.argv.includes('--interleave')) {
+    const { values, positionals } = parseArgs({
+      allowPositionals: true,
+      options: { interleave: { type: 'boolean' }, qps: { type: 'string', default: '1' }, rounds: { type: 'string', default: '80' }, ms: { type: 'string', default: '40' } },
+    });
+    await interleaved(positionals.length > 0 ? positionals.map((t) => resolve(t)) : [resolve(dirname(me), '../..')], Number(values.qps), Number(values.rounds), Number(values.ms));
+  } else {
+    await pathMain(me, `WRITE ONLY ${SIZE} B with AckReq, batches of ${BATCH}`, child);
+  }
 }

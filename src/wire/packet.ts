@@ -79,9 +79,8 @@ export function packetLength(p: Pick<RocePacket, 'bth' | 'payload'>): number {
 }
 
 export function parsePacket(b: Uint8Array, off = 0, len = b.length - off): PacketParse {
-  const c = check(b, off, len);
-  if (isFailure(c)) return c;
-  const info = c;
+  const info = check(b, off, len);
+  if (typeof info === 'string') return failure(info, b, off, len);
   const payloadLength = len - info.headerLength - padCount(b, off) - ICRC_LEN;
   const pkt: RocePacket = {
     bth: parseBth(b, off),
@@ -139,9 +138,8 @@ export class PacketRecord implements RocePacket {
  * packet until its next parse: a caller that may be re-entered needs a record per level.
  */
 export function parsePacketInto(b: Uint8Array, off: number, len: number, rec: PacketRecord): OpcodeInfo | undefined {
-  const c = check(b, off, len);
-  if (isFailure(c)) return undefined;
-  const info = c;
+  const info = check(b, off, len);
+  if (typeof info === 'string') return undefined;
   const payloadLength = len - info.headerLength - padCount(b, off) - ICRC_LEN;
   parseBthInto(b, off, rec.bth);
   rec.payload = payloadLength === 0 ? NO_PAYLOAD : b.subarray(off + info.headerLength, off + info.headerLength + payloadLength);
@@ -164,26 +162,40 @@ export const ACK_LEN = BTH_LEN + AETH_LEN + ICRC_LEN;
 
 /**
  * The checks of a parse, in rdma_rxe's ingress order: length, transport version, opcode, then the
- * opcode's headers, pad and ICRC; the opcode's table entry when they pass. Reads only the bytes.
+ * opcode's headers, pad and ICRC; the opcode's table entry when they pass, else the error's code.
+ * Reads only the bytes. No message is built here: with them this was too large for V8 to inline
+ * into the per-packet parse (`failure` words a refusal).
  */
-function check(b: Uint8Array, off: number, len: number): OpcodeInfo | PacketFailure {
-  if (off < 0 || len < 0 || off + len > b.length) return fail('TOO_SHORT', `range ${off}+${len} outside a ${b.length}-byte buffer`);
-  if (len < BTH_LEN + ICRC_LEN) return fail('TOO_SHORT', `${len} bytes, need at least ${BTH_LEN + ICRC_LEN}`);
-  const tver = b[off + 1]! & 0xf;
-  if (tver !== BTH_TVER) return fail('BAD_TVER', `TVer ${tver}`);
-  const opcode = b[off]!;
-  const info = opcodeInfo(opcode);
-  if (!info) return fail('UNKNOWN_OPCODE', `opcode 0x${opcode.toString(16).padStart(2, '0')}`);
+function check(b: Uint8Array, off: number, len: number): OpcodeInfo | PacketErrorCode {
+  if (off < 0 || len < 0 || off + len > b.length || len < BTH_LEN + ICRC_LEN) return 'TOO_SHORT';
+  if ((b[off + 1]! & 0xf) !== BTH_TVER) return 'BAD_TVER';
+  const info = opcodeInfo(b[off]!);
+  if (!info) return 'UNKNOWN_OPCODE';
   const pad = padCount(b, off);
   const fixed = info.headerLength + pad + ICRC_LEN;
-  if (len < fixed) return fail('TRUNCATED_HEADERS', `${info.name} needs ${fixed} bytes, got ${len}`);
-  if (!info.payload && len - fixed + pad > 0) {
-    return fail('UNEXPECTED_PAYLOAD', `${info.name} carries no payload, found ${len - fixed + pad} bytes`);
-  }
+  if (len < fixed) return 'TRUNCATED_HEADERS';
+  if (!info.payload && len - fixed + pad > 0) return 'UNEXPECTED_PAYLOAD';
   return info;
 }
 
-const isFailure = (c: OpcodeInfo | PacketFailure): c is PacketFailure => (c as PacketFailure).ok === false;
+/** `check`'s refusal in words, from the same bytes read again (only a refused packet pays for it). */
+function failure(error: PacketErrorCode, b: Uint8Array, off: number, len: number): PacketFailure {
+  switch (error) {
+    case 'TOO_SHORT':
+      return fail(error, off < 0 || len < 0 || off + len > b.length ? `range ${off}+${len} outside a ${b.length}-byte buffer` : `${len} bytes, need at least ${BTH_LEN + ICRC_LEN}`);
+    case 'BAD_TVER':
+      return fail(error, `TVer ${b[off + 1]! & 0xf}`);
+    case 'UNKNOWN_OPCODE':
+      return fail(error, `opcode 0x${b[off]!.toString(16).padStart(2, '0')}`);
+    default: {
+      const info = opcodeInfo(b[off]!)!;
+      const pad = padCount(b, off);
+      const fixed = info.headerLength + pad + ICRC_LEN;
+      return fail(error, error === 'TRUNCATED_HEADERS' ? `${info.name} needs ${fixed} bytes, got ${len}` : `${info.name} carries no payload, found ${len - fixed + pad} bytes`);
+    }
+  }
+}
+
 const padCount = (b: Uint8Array, off: number): number => (b[off + 1]! >>> 4) & 3;
 /** The ICRC in the four bytes before `end`, little-endian as the wire holds it. */
 const icrcAt = (b: Uint8Array, end: number): number => (b[end - 4]! | (b[end - 3]! << 8) | (b[end - 2]! << 16) | (b[end - 1]! << 24)) >>> 0;
