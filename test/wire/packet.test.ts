@@ -84,21 +84,22 @@ t.test('golden: READ request and response First (read_bw.pcap frames 23, 26)', a
 });
 
 t.test('errors are values, in ingress order', async (t) => {
-  const cases: [string, string][] = [
-    ['', 'TOO_SHORT'],
-    ['1100ffff00000012005d290a1f0000', 'TOO_SHORT'],
-    ['1101ffff00000012005d290a1f0000013f6f6d99', 'BAD_TVER'],
-    ['1500ffff00000012005d290a1f0000013f6f6d99', 'UNKNOWN_OPCODE'],
-    ['1100ffff00000012005d290a3f6f6d99', 'TRUNCATED_HEADERS'],
-    ['0600ffff00000011001c473400007ff96912a0000000024500010000', 'TRUNCATED_HEADERS'],
-    ['1100ffff00000012005d290a1f000001aabbccdd3f6f6d99', 'UNEXPECTED_PAYLOAD'],
-    ['0430ffff00000012005d290a3f6f6d99', 'TRUNCATED_HEADERS'], // PadCnt 3 with nothing to pad
+  const cases: [string, string, string][] = [
+    ['', 'TOO_SHORT', '0 bytes, need at least 16'],
+    ['1100ffff00000012005d290a1f0000', 'TOO_SHORT', '15 bytes, need at least 16'],
+    ['1101ffff00000012005d290a1f0000013f6f6d99', 'BAD_TVER', 'TVer 1'],
+    ['1500ffff00000012005d290a1f0000013f6f6d99', 'UNKNOWN_OPCODE', 'opcode 0x15'],
+    ['1100ffff00000012005d290a3f6f6d99', 'TRUNCATED_HEADERS', 'RC_ACKNOWLEDGE needs 20 bytes, got 16'],
+    ['0600ffff00000011001c473400007ff96912a0000000024500010000', 'TRUNCATED_HEADERS', 'RC_RDMA_WRITE_FIRST needs 32 bytes, got 28'],
+    ['1100ffff00000012005d290a1f000001aabbccdd3f6f6d99', 'UNEXPECTED_PAYLOAD', 'RC_ACKNOWLEDGE carries no payload, found 4 bytes'],
+    ['1110ffff00000012005d290a1f000001aabbccdd3f6f6d99', 'UNEXPECTED_PAYLOAD', 'RC_ACKNOWLEDGE carries no payload, found 4 bytes'], // 3 + PadCnt 1
+    ['0430ffff00000012005d290a3f6f6d99', 'TRUNCATED_HEADERS', 'RC_SEND_ONLY needs 19 bytes, got 16'], // PadCnt 3 with nothing to pad
   ];
-  for (const [hex, code] of cases) {
+  for (const [hex, code, detail] of cases) {
     const r = parsePacket(fromHex(hex));
-    t.equal(r.ok ? 'ok' : r.error, code, `${hex || '(empty)'} -> ${code}`);
+    t.same(r.ok ? 'ok' : [r.error, r.detail], [code, detail], `${hex || '(empty)'} -> ${code}: ${detail}`);
   }
-  t.equal(parsePacket(new Uint8Array(20), 15, 10).ok, false, 'a range outside the buffer is TOO_SHORT, not an exception');
+  t.match(parsePacket(new Uint8Array(20), 15, 10), { ok: false, error: 'TOO_SHORT', detail: 'range 15+10 outside a 20-byte buffer' }, 'a range outside the buffer is TOO_SHORT, not an exception');
 });
 
 t.test('round trip parse(emit(x)) == x for every opcode', async (t) => {
