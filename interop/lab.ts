@@ -85,11 +85,13 @@ export interface Guest {
    */
   txStallLines(): number;
   /**
-   * Resets the guest's virtio-net device and brings rxe0 up on it again (guest/net-reset), after its
-   * transmit queue stopped; fails unless the GID indices come back as at boot. Returns what the
-   * guest said.
+   * Boots the guest again: its qemu killed and started afresh (same addresses and MAC, rxe0 with the
+   * same GID indices, or it throws; what ran in it is gone, jobs included). For a NIC whose transmit
+   * queue stopped: resetting the device inside the guest frees the skbs stranded in its ring after
+   * rxe's QPs are gone, and Debian 12's rdma_rxe has oopsed in their destructor (`rxe_skb_tx_dtor`).
+   * Resolves with the boot's time in ms.
    */
-  resetNic(): Promise<string>;
+  restart(): Promise<number>;
 }
 
 export interface HostRunResult {
@@ -313,8 +315,8 @@ class AgentChannel {
     this.pending.clear();
   }
 
-  close(): void {
-    this.fail(new Error('lab stopped'));
+  close(why = 'lab stopped'): void {
+    this.fail(new Error(why));
     this.sock?.destroy();
   }
 
@@ -368,21 +370,39 @@ class GuestImpl implements Guest {
   gidIndexV4 = -1;
   gidIndexV6 = -1;
   readonly tap: string;
-  readonly consolePath: string;
+  /** This boot's serial console (each boot writes a file of its own). */
+  consolePath = '';
   readonly sockPath: string;
   qemu: ChildProcess | undefined;
   qemuStderr = '';
-  readonly agent: AgentChannel;
+  /** The agent of this boot. */
+  agent: AgentChannel;
+  /** Boots so far. */
+  boots = 0;
+  /** Watchdog lines on the consoles of earlier boots. */
+  earlierStallLines = 0;
+  /** Set by the lab: kills this guest's qemu and boots it again. */
+  restarter: (() => Promise<number>) | undefined;
 
-  constructor(readonly octet: number, ipv6: boolean, dir: string) {
+  constructor(readonly octet: number, ipv6: boolean, private readonly dir: string) {
     this.name = `g${octet}`;
     this.ipv4 = `10.77.0.${octet}`;
     this.ipv6 = ipv6 ? `fd77::${octet.toString(16)}` : '';
     this.mac = `52:54:00:77:00:${octet.toString(16).padStart(2, '0')}`;
     this.tap = `tap${octet}`;
-    this.consolePath = path.join(dir, `${this.name}.console.log`);
     this.sockPath = path.join(dir, `${this.name}.agent.sock`);
     this.agent = new AgentChannel(() => this.context());
+  }
+
+  /** Before a boot: its console file, and after the first a fresh agent channel. */
+  nextBoot(): void {
+    if (this.boots > 0) {
+      this.earlierStallLines = this.txStallLines();
+      this.agent = new AgentChannel(() => this.context());
+      this.qemuStderr = '';
+    }
+    this.boots++;
+    this.consolePath = path.join(this.dir, this.boots === 1 ? `${this.name}.console.log` : `${this.name}.boot${this.boots}.console.log`);
   }
 
   /** The guest's serial console so far ('' before it has written any). */
@@ -396,18 +416,12 @@ class GuestImpl implements Guest {
   }
 
   txStallLines(): number {
-    return this.consoleText().match(/NETDEV WATCHDOG|TX timeout on queue/g)?.length ?? 0;
+    return this.earlierStallLines + (this.consoleText().match(/NETDEV WATCHDOG|TX timeout on queue/g)?.length ?? 0);
   }
 
-  async resetNic(): Promise<string> {
-    const r = await this.run('/usr/sbin/lab-net-reset', { timeoutMs: 90_000 });
-    const out = r.stdout.trim();
-    const m = /gid4=(-?\d+) gid6=(-?\d+)/.exec(out);
-    if (r.code !== 0 || !m) throw new Error(`guest ${this.ipv4}: the NIC reset failed (${r.code}): ${out}${this.context()}`);
-    if (Number(m[1]) !== this.gidIndexV4 || Number(m[2]) !== this.gidIndexV6) {
-      throw new Error(`guest ${this.ipv4}: after the NIC reset the GID indices are ${m[1]}/${m[2]}, not ${this.gidIndexV4}/${this.gidIndexV6}`);
-    }
-    return out;
+  restart(): Promise<number> {
+    if (!this.restarter) return Promise.reject(new Error(`guest ${this.ipv4}: not started by a lab`));
+    return this.restarter();
   }
 
   private context(): string {
@@ -528,6 +542,7 @@ class LabImpl implements Lab {
   }
 
   startGuest(g: GuestImpl, kernel: string, initrd: string, memoryMb: number): void {
+    g.nextBoot();
     const qemu = which('qemu-system-x86_64') ?? 'qemu-system-x86_64';
     const accel = this.accel === 'kvm' ? ['-accel', 'kvm', '-cpu', 'host'] : ['-accel', 'tcg', '-cpu', 'max'];
     const append = ['console=ttyS0', 'quiet', 'panic=-1', `lab.name=${g.name}`, `lab.ip=${g.ipv4}`,
@@ -548,8 +563,33 @@ class LabImpl implements Lab {
     child.stderr?.setEncoding('utf8').on('data', (d: string) => { g.qemuStderr += d; });
     child.on('error', (e) => { g.qemuStderr += `spawn error: ${e.message}`; });
     child.on('exit', (code, sig) => {
-      if (!this.stopped) g.agent.fail(new Error(`qemu for guest ${g.ipv4} exited (${code ?? sig})${qemuContext(g)}`));
+      // A qemu killed by `restartGuest` has been replaced: its agent went with it.
+      if (!this.stopped && g.qemu === child) g.agent.fail(new Error(`qemu for guest ${g.ipv4} exited (${code ?? sig})${qemuContext(g)}`));
     });
+  }
+
+  /** What `startLab` booted the guests with, for `restartGuest`. */
+  boot: { kernel: string; initrd: string; memoryMb: number; timeoutMs: number } | undefined;
+
+  /**
+   * Kills `g`'s qemu and boots it again as `startLab` did; fails unless rxe0 comes back with the GID
+   * indices of the first boot. Resolves with the time it took, in ms.
+   */
+  async restartGuest(g: GuestImpl): Promise<number> {
+    if (this.stopped || !this.boot) throw new Error('rxe lab: stopped');
+    const start = Date.now();
+    const was = [g.gidIndexV4, g.gidIndexV6];
+    const old = g.qemu;
+    g.agent.close(`guest ${g.ipv4} restarted`);
+    if (old) await terminate(old, 3_000);
+    rmSync(g.sockPath, { force: true });
+    const { kernel, initrd, memoryMb, timeoutMs } = this.boot;
+    this.startGuest(g, kernel, initrd, memoryMb);
+    await this.waitReady(g, timeoutMs);
+    if (g.gidIndexV4 !== was[0] || g.gidIndexV6 !== was[1]) {
+      throw new Error(`guest ${g.ipv4}: booted again with GID indices ${g.gidIndexV4}/${g.gidIndexV6}, not ${was[0]}/${was[1]}`);
+    }
+    return Date.now() - start;
   }
 
   async waitReady(g: GuestImpl, timeoutMs: number): Promise<void> {
@@ -681,32 +721,29 @@ function pdeath(): string[] {
 // ---------------------------------------------------------------------------------------------
 
 /**
- * Start the lab. Throws (never resolves half-built) with the reason when it cannot run here.
- */
-/**
- * What a test does about a guest NIC that stops transmitting in mid-run (`Guest.txStallLines`,
- * `Guest.resetNic`): every cell that fails while the guest's console has new watchdog lines, or while
- * a reset is under way, runs again once after the NIC was reset, one reset serving all the cells then
- * running; at most `maxResets` resets per run, each one told to `say`. `ROCE_LAB_PLANT_NIC_STALL=regex` stops
- * the NIC (eth0 down, a watchdog line on the console) before the first cell whose name matches, so
- * that a test can be seen to recover.
+ * What a test does about a guest NIC that stops transmitting in mid-run (`Guest.txStallLines`): every
+ * cell that fails while the guest's console has new watchdog lines, or while the guest is being
+ * restarted, runs again once after the guest was booted afresh (`Guest.restart`), one restart serving
+ * all the cells then running; at most `maxRestarts` per run, each one told to `say`.
+ * `ROCE_LAB_PLANT_NIC_STALL=regex` stops the NIC (eth0 down, a watchdog line on the console) before
+ * the first cell whose name matches, so that a test can be seen to recover.
  */
 export class NicGuard {
-  private resets = 0;
+  private restarts = 0;
   private stallLines = 0;
-  private resetting: Promise<boolean> | undefined;
-  private lastResetEnd = 0;
+  private restarting: Promise<boolean> | undefined;
+  private lastRestartEnd = 0;
   private planted = false;
   private readonly plant: RegExp | undefined;
 
-  constructor(private readonly guest: Guest, private readonly maxResets = 2) {
+  constructor(private readonly guest: Guest, private readonly maxRestarts = 2) {
     const p = process.env['ROCE_LAB_PLANT_NIC_STALL'];
     this.plant = p ? new RegExp(p) : undefined;
   }
 
-  /** Before cell `name` starts: waits out a reset under way, and plants a stall where asked. */
+  /** Before cell `name` starts: waits out a restart under way, and plants a stall where asked. */
   async before(name: string, say: (line: string) => void): Promise<void> {
-    if (this.resetting) await this.resetting;
+    if (this.restarting) await this.restarting;
     if (!this.plant || this.planted || !this.plant.test(name)) return;
     this.planted = true;
     const r = await this.guest.run('echo "<3>lab: NETDEV WATCHDOG: planted by ROCE_LAB_PLANT_NIC_STALL" > /dev/kmsg && /usr/sbin/ip link set eth0 down');
@@ -715,38 +752,43 @@ export class NicGuard {
 
   /**
    * After cell `name`, started at `startMs` (Date.now()), failed with `problem`: whether it ran while the
-   * NIC had stopped, the NIC now reset, so that it should run again. When not, and the NIC did stop,
-   * `note` gets why (stopped once too often, or its reset failed); a reset made here is told to `say`.
+   * NIC had stopped, the guest now booted again, so that it should run again. When not, and the NIC did
+   * stop, `note` gets why (stopped once too often, or the guest did not come back); a restart made here
+   * is told to `say`.
    */
   async again(name: string, startMs: number, problem: string, say: (line: string) => void, note: (why: string) => void): Promise<boolean> {
-    if (this.resetting) return this.resetting;
-    if (startMs < this.lastResetEnd) return true;
+    if (this.restarting) return this.restarting;
+    if (startMs < this.lastRestartEnd) return true;
     const lines = this.guest.txStallLines();
     if (lines <= this.stallLines) return false;
-    if (this.resets >= this.maxResets) {
-      note(`guest ${this.guest.ipv4}'s NIC stopped transmitting again (${lines} watchdog lines on its console) after ${this.resets} resets`);
+    if (this.restarts >= this.maxRestarts) {
+      note(`guest ${this.guest.ipv4}'s NIC stopped transmitting again (${lines} watchdog lines on its consoles) after ${this.restarts} restarts`);
       return false;
     }
     this.stallLines = lines;
-    this.resets++;
-    const start = Date.now();
-    this.resetting = this.guest.resetNic().then(
-      (said) => {
-        say(`guest ${this.guest.ipv4}'s NIC stopped transmitting (${lines} watchdog line${lines === 1 ? '' : 's'} on its console; ${name} failed: ${problem.split('\n')[0]}); reset in ${((Date.now() - start) / 1000).toFixed(1)} s: ${said}`);
+    this.restarts++;
+    this.restarting = this.guest.restart().then(
+      (ms) => {
+        // Lines the old console gained until its guest was killed are not a new stall.
+        this.stallLines = this.guest.txStallLines();
+        say(`guest ${this.guest.ipv4}'s NIC stopped transmitting (${lines} watchdog line${lines === 1 ? '' : 's'} on its console; ${name} failed: ${problem.split('\n')[0]}); guest booted again in ${(ms / 1000).toFixed(1)} s, rxe0 ACTIVE with GID indices ${this.guest.gidIndexV4}/${this.guest.gidIndexV6}`);
         return true;
       },
       (e: Error) => {
-        note(`guest ${this.guest.ipv4}'s NIC stopped transmitting and its reset failed: ${e.message}`);
+        note(`guest ${this.guest.ipv4}'s NIC stopped transmitting and booting it again failed: ${e.message}`);
         return false;
       },
     ).finally(() => {
-      this.lastResetEnd = Date.now();
-      this.resetting = undefined;
+      this.lastRestartEnd = Date.now();
+      this.restarting = undefined;
     });
-    return this.resetting;
+    return this.restarting;
   }
 }
 
+/**
+ * Start the lab. Throws (never resolves half-built) with the reason when it cannot run here.
+ */
 export async function startLab(opts: LabOptions = {}): Promise<Lab> {
   const n = opts.guests ?? 2;
   const mtu = opts.mtu ?? 1500;
@@ -783,8 +825,13 @@ export async function startLab(opts: LabOptions = {}): Promise<Lab> {
   try {
     await lab.createNetwork(n);
     if (opts.capture) await lab.startCapture(opts.capture);
-    for (let i = 0; i < n; i++) lab.guests.push(new GuestImpl(i + 2, ipv6, lab.dir));
-    for (const g of lab.guests) lab.startGuest(g, kernel, initrd, opts.memoryMb ?? 1024);
+    lab.boot = { kernel, initrd, memoryMb: opts.memoryMb ?? 1024, timeoutMs: bootTimeoutMs };
+    for (let i = 0; i < n; i++) {
+      const g = new GuestImpl(i + 2, ipv6, lab.dir);
+      g.restarter = () => lab.restartGuest(g);
+      lab.guests.push(g);
+    }
+    for (const g of lab.guests) lab.startGuest(g, kernel, initrd, lab.boot.memoryMb);
     await Promise.all(lab.guests.map((g) => lab.waitReady(g, bootTimeoutMs)));
     return lab;
   } catch (e) {

@@ -113,6 +113,34 @@ t.test('ib_write_bw between the guests', async (t) => {
   t.comment(`ib_write_bw: ${secs(start)}`);
 });
 
+t.test('a guest booted again comes back as it was, its NIC working and its stall lines counted over both boots', async (t) => {
+  const [a, b] = need().guests;
+  if (!a || !b) throw new Error('two guests expected');
+  const start = Date.now();
+  const gids = [a.gidIndexV4, a.gidIndexV6];
+  const before = a.txStallLines();
+  // What NicGuard restarts a guest for: a watchdog line on its console, and a NIC that sends nothing.
+  const w = await a.run('echo "<3>lab.test: NETDEV WATCHDOG: written by the test" > /dev/kmsg && ip link set eth0 down');
+  t.equal(w.code, 0, `stall planted: ${w.stdout.trim()}`);
+  for (let i = 0; a.txStallLines() === before && i < 100; i++) await new Promise((r) => setTimeout(r, 100));
+  t.equal(a.txStallLines(), before + 1, 'the line is counted');
+  const job = await a.spawn('sleep 120', { timeoutMs: 150_000 });
+  const ms = await a.restart();
+  t.same([a.gidIndexV4, a.gidIndexV6], gids, 'the same GID indices');
+  t.equal(a.txStallLines(), before + 1, "the first boot's line still counted, none on the new console");
+  await t.rejects(job.wait(), /restarted/, 'a job of the old boot fails, naming the restart');
+  const s = await a.run('read -r up _ < /proc/uptime; echo $up; cat /sys/class/infiniband/rxe0/ports/1/state; ip -o link show eth0');
+  const [up, state, link] = s.stdout.trim().split('\n');
+  t.ok(Number(up) * 1000 < ms + 5_000, `a kernel booted by the restart (uptime ${up} s, restart ${(ms / 1000).toFixed(1)} s)`);
+  t.match(state, /ACTIVE/, 'rxe0 ACTIVE');
+  t.match(link, /state UP/, 'eth0 up');
+  const r = await serverClient(a, b, `ibv_rc_pingpong -d rxe0 -g ${a.gidIndexV4} -n 20`);
+  t.equal(r.server.code, 0, 'server (the restarted guest) exit 0', { output: r.server.stdout });
+  t.equal(r.client.code, 0, 'client exit 0', { output: r.client.stdout });
+  t.comment(`restart: ${(ms / 1000).toFixed(1)} s, test ${secs(start)}`);
+});
+
+
 // A host-side peer in the namespace, standing in for our stack: answers ibv_rc_pingpong's
 // out-of-band exchange on TCP 18515 (52 bytes "%04x:%06x:%06x:%s\0": LID:QPN:PSN:GID) with a
 // made-up QPN 0xabc, and reports the first datagram that arrives on UDP 4791.

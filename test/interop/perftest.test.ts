@@ -18,7 +18,7 @@
 //
 // Under TCG the guest's virtio-net transmit queue has been seen to stop for good in mid-run
 // (NETDEV WATCHDOG on its console), after which every cell fails: a cell that fails then runs again
-// after the guest's NIC was reset (`NicGuard`, interop/lab.ts), each reset in a comment.
+// after the guest was booted again (`NicGuard`, interop/lab.ts), each restart in a comment.
 //
 // PERF_CELLS=regex runs only the cells whose name matches (development); the matrix records
 // whatever ran. Needs root (see interop/README.md).
@@ -372,7 +372,7 @@ async function runGuarded(c: Cell, lane: Lane, say: (line: string) => void, prep
   await prepare?.();
   const r = await runCell(c, lane);
   if (r.pass || !(await guard.again(c.name, r.startMs, r.problems[0] ?? '', say, (why) => r.problems.push(why)))) return r;
-  say(`${c.name}: run again after the NIC reset`);
+  say(`${c.name}: run again after the guest was booted again`);
   await prepare?.();
   return runCell(c, lane);
 }
@@ -645,7 +645,7 @@ t.test(`loss recovery against rxe: ${loss.length} runs`, async (t) => {
   const g = l.guests[0] as Guest;
   const lane: Lane = { family: 4, address: l.hostIpv4, gidIndex: g.gidIndexV4, tcpPort: 18517 };
   for (const c of loss) {
-    // Again before a second run: a NIC reset takes the qdisc with the old device.
+    // Again before a second run: a guest booted again has no qdisc of ours.
     const netem = c.loss !== 'netem' ? undefined : async (): Promise<void> => {
       const q = await g.run('tc qdisc replace dev eth0 root netem loss 5%');
       t.equal(q.code, 0, `netem on: ${q.stdout.trim()}`);

@@ -199,7 +199,7 @@ t.test(`${cells.length} cells against the tools`, async (t) => {
   const start = Date.now();
   // Two lanes, IPv4 and IPv6, at once: they bind different addresses, and a cell's frames are
   // told apart by family and time. Within a lane cells run one after another.
-  // A cell that failed while the guest's NIC had stopped transmitting runs again after its reset.
+  // A cell that failed while the guest's NIC had stopped transmitting runs again once the guest was booted again.
   const guard = new NicGuard(need().guests[0] as Guest);
   const say = (line: string): void => t.comment(line);
   const failed = (o: Outcome): boolean => o.error !== undefined || o.tool?.code !== 0 || o.ours?.code !== 0;
@@ -210,7 +210,7 @@ t.test(`${cells.length} cells against the tools`, async (t) => {
       const first = o;
       const note = (why: string): void => { first.error = first.error === undefined ? why : `${first.error}; ${why}`; };
       if (failed(o) && (await guard.again(name(c), o.start, `tool ${o.tool?.code} ours ${o.ours?.code} ${o.error ?? ''}`, say, note))) {
-        t.comment(`${name(c)}: run again after the NIC reset`);
+        t.comment(`${name(c)}: run again after the guest was booted again`);
         o = await runCell(c);
       }
       outcomes.push(o);
