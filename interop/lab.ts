@@ -722,11 +722,12 @@ function pdeath(): string[] {
 
 /**
  * What a test does about a guest NIC that stops transmitting in mid-run (`Guest.txStallLines`): every
- * cell that fails while the guest's console has new watchdog lines, or while the guest is being
- * restarted, runs again once after the guest was booted afresh (`Guest.restart`), one restart serving
- * all the cells then running; at most `maxRestarts` per run, each one told to `say`.
- * `ROCE_LAB_PLANT_NIC_STALL=regex` stops the NIC (eth0 down, a watchdog line on the console) before
- * the first cell whose name matches, so that a test can be seen to recover.
+ * cell that fails while the guest's console has new watchdog lines or its NIC answers no ping, or
+ * while the guest is being restarted, runs again once after the guest was booted afresh (`Guest.restart`), one restart serving
+ * all the cells then running; at most `maxRestarts` per run, each one told to `say`. Without a new
+ * watchdog line, a failed cell has the guest ping the host: a NIC that stopped says nothing on the
+ * console until its ring is full. `ROCE_LAB_PLANT_NIC_STALL=regex` stops the NIC silently (eth0 down)
+ * before the first cell whose name matches, so that a test can be seen to recover.
  */
 export class NicGuard {
   private restarts = 0;
@@ -746,7 +747,8 @@ export class NicGuard {
     if (this.restarting) await this.restarting;
     if (!this.plant || this.planted || !this.plant.test(name)) return;
     this.planted = true;
-    const r = await this.guest.run('echo "<3>lab: NETDEV WATCHDOG: planted by ROCE_LAB_PLANT_NIC_STALL" > /dev/kmsg && /usr/sbin/ip link set eth0 down');
+    // No watchdog line: a real stall is silent for as long as the ring has room.
+    const r = await this.guest.run('/usr/sbin/ip link set eth0 down');
     say(`planted before ${name}: guest ${this.guest.ipv4}'s eth0 down (${r.code})`);
   }
 
@@ -754,35 +756,47 @@ export class NicGuard {
    * After cell `name`, started at `startMs` (Date.now()), failed with `problem`: whether it ran while the
    * NIC had stopped, the guest now booted again, so that it should run again. When not, and the NIC did
    * stop, `note` gets why (stopped once too often, or the guest did not come back); a restart made here
-   * is told to `say`.
+   * is told to `say`. Cells failing together share one look at the NIC and the restart it leads to.
    */
-  async again(name: string, startMs: number, problem: string, say: (line: string) => void, note: (why: string) => void): Promise<boolean> {
+  again(name: string, startMs: number, problem: string, say: (line: string) => void, note: (why: string) => void): Promise<boolean> {
     if (this.restarting) return this.restarting;
-    if (startMs < this.lastRestartEnd) return true;
-    const lines = this.guest.txStallLines();
-    if (lines <= this.stallLines) return false;
-    if (this.restarts >= this.maxRestarts) {
-      note(`guest ${this.guest.ipv4}'s NIC stopped transmitting again (${lines} watchdog lines on its consoles) after ${this.restarts} restarts`);
-      return false;
-    }
-    this.stallLines = lines;
-    this.restarts++;
-    this.restarting = this.guest.restart().then(
-      (ms) => {
-        // Lines the old console gained until its guest was killed are not a new stall.
-        this.stallLines = this.guest.txStallLines();
-        say(`guest ${this.guest.ipv4}'s NIC stopped transmitting (${lines} watchdog line${lines === 1 ? '' : 's'} on its console; ${name} failed: ${problem.split('\n')[0]}); guest booted again in ${(ms / 1000).toFixed(1)} s, rxe0 ACTIVE with GID indices ${this.guest.gidIndexV4}/${this.guest.gidIndexV6}`);
-        return true;
-      },
-      (e: Error) => {
-        note(`guest ${this.guest.ipv4}'s NIC stopped transmitting and booting it again failed: ${e.message}`);
-        return false;
-      },
-    ).finally(() => {
-      this.lastRestartEnd = Date.now();
+    if (startMs < this.lastRestartEnd) return Promise.resolve(true);
+    const p = this.look(name, problem, say, note).finally(() => {
       this.restarting = undefined;
     });
-    return this.restarting;
+    this.restarting = p;
+    return p;
+  }
+
+  private async look(name: string, problem: string, say: (line: string) => void, note: (why: string) => void): Promise<boolean> {
+    const lines = this.guest.txStallLines();
+    let why: string;
+    if (lines > this.stallLines) {
+      why = `${lines - this.stallLines} watchdog line${lines - this.stallLines === 1 ? '' : 's'} on its console`;
+    } else {
+      // The watchdog speaks only once the stopped ring is full, which the little a failing cell sends
+      // may take minutes to fill: ask the NIC itself.
+      const ping = await this.guest.run(`ping -c 3 -w 5 ${HOST_V4}`, { timeoutMs: 10_000 }).catch((e: Error) => ({ code: -1, stdout: e.message }));
+      if (ping.code === 0) return false;
+      why = `no answer to ping ${HOST_V4}: ${ping.stdout.trim().split('\n').pop() ?? ''}`;
+    }
+    if (this.restarts >= this.maxRestarts) {
+      note(`guest ${this.guest.ipv4}'s NIC stopped transmitting again (${why}) after ${this.restarts} restarts`);
+      return false;
+    }
+    this.restarts++;
+    try {
+      const ms = await this.guest.restart();
+      // Lines the old console gained until its guest was killed are not a new stall.
+      this.stallLines = this.guest.txStallLines();
+      say(`guest ${this.guest.ipv4}'s NIC stopped transmitting (${why}; ${name} failed: ${problem.split('\n')[0]}); guest booted again in ${(ms / 1000).toFixed(1)} s, rxe0 ACTIVE with GID indices ${this.guest.gidIndexV4}/${this.guest.gidIndexV6}`);
+      return true;
+    } catch (e) {
+      note(`guest ${this.guest.ipv4}'s NIC stopped transmitting (${why}) and booting it again failed: ${(e as Error).message}`);
+      return false;
+    } finally {
+      this.lastRestartEnd = Date.now();
+    }
   }
 }
 
