@@ -38,6 +38,9 @@ export class MemoryRegion {
    */
   readonly memory: ArrayBufferLike;
   readonly memoryOffset: number;
+  /** `addr`'s high and low 32 bits, for `offsetOfHalves`. */
+  readonly addrHi: number;
+  readonly addrLo: number;
   /** A plain view of the whole region: an SGE that covers it (one buffer per message) needs no view of its own. */
   readonly whole: Uint8Array;
 
@@ -51,6 +54,8 @@ export class MemoryRegion {
   ) {
     this.memory = buffer.buffer;
     this.memoryOffset = buffer.byteOffset;
+    this.addrHi = Number(addr >> 32n);
+    this.addrLo = Number(addr & 0xffff_ffffn);
     this.whole = new Uint8Array(this.memory, this.memoryOffset, buffer.length);
   }
 
@@ -80,6 +85,16 @@ export class MemoryRegion {
     const o = Number(off);
     return o + len > this.buffer.length ? undefined : o;
   }
+
+  /**
+   * `offsetOf` for the VA given as its two 32-bit halves, in numbers only (no BigInt made). Exact
+   * wherever it matters: a high half that differs from the region's by more than one gives an offset
+   * of 2^64 scale, rounded perhaps, but far outside any region either way.
+   */
+  offsetOfHalves(vaHi: number, vaLo: number, len: number): number | undefined {
+    const o = (vaHi - this.addrHi) * 0x1_0000_0000 + (vaLo - this.addrLo);
+    return o < 0 || o + len > this.buffer.length ? undefined : o;
+  }
 }
 
 /** Why a remote access was refused; each maps to a responder error class. */
@@ -87,9 +102,26 @@ export type RemoteAccessFault = 'noKey' | 'wrongPd' | 'invalidated' | 'access' |
 
 export type RemoteLookup = { ok: true; mr: MemoryRegion; offset: number } | { ok: false; fault: RemoteAccessFault };
 
+/** A remote VA: a bigint, and its 32-bit halves where the parse left them (`Reth.vaHi`, `vaLo`). */
+export interface RemoteVa {
+  va: bigint;
+  vaHi?: number | undefined;
+  vaLo?: number | undefined;
+}
+
 /** Per-device registry of regions by key index (key = index << 8 | key byte, as rxe). */
 export class MrTable {
   private readonly byIndex = new Map<number, MemoryRegion>();
+  /**
+   * `remote`'s answer, one record refilled by every lookup (each R_Key check of a request made an
+   * object): read it before the next lookup of this table.
+   */
+  private readonly lookup: { ok: boolean; mr: MemoryRegion | undefined; offset: number; fault: RemoteAccessFault } = {
+    ok: false,
+    mr: undefined,
+    offset: 0,
+    fault: 'noKey',
+  };
   private nextIndex = 1;
   private keyByte = 0x5a;
   private slot = 0n;
@@ -128,15 +160,31 @@ export class MrTable {
    * R_Key check for an incoming RDMA READ/WRITE/atomic (IBTA C9-88: key valid, same PD as the
    * QP, access right granted, range inside the region).
    */
-  remote(pd: ProtectionDomain, rkey: number, access: number, va: bigint, len: number): RemoteLookup {
+  remote(pd: ProtectionDomain, rkey: number, access: number, at: RemoteVa, len: number): RemoteLookup {
+    const out = this.lookup;
     const mr = this.byIndex.get(rkey >>> 8);
-    if (!mr || mr.rkey !== rkey >>> 0) return { ok: false, fault: 'noKey' };
-    if (mr.pd !== pd) return { ok: false, fault: 'wrongPd' };
-    if (mr.rkeyInvalidated) return { ok: false, fault: 'invalidated' };
-    if ((mr.access & access) === 0) return { ok: false, fault: 'access' };
-    const offset = mr.offsetOf(va, len);
-    if (offset === undefined) return { ok: false, fault: 'bounds' };
-    return { ok: true, mr, offset };
+    if (!mr || mr.rkey !== rkey >>> 0) return this.refused('noKey');
+    if (mr.pd !== pd) return this.refused('wrongPd');
+    if (mr.rkeyInvalidated) return this.refused('invalidated');
+    if ((mr.access & access) === 0) return this.refused('access');
+    const hi = at.vaHi;
+    const lo = at.vaLo;
+    const offset = hi !== undefined && lo !== undefined ? mr.offsetOfHalves(hi, lo, len) : mr.offsetOf(at.va, len);
+    if (offset === undefined) return this.refused('bounds');
+    out.ok = true;
+    out.mr = mr;
+    out.offset = offset;
+    out.fault = 'noKey';
+    return out as RemoteLookup;
+  }
+
+  private refused(fault: RemoteAccessFault): RemoteLookup {
+    const out = this.lookup;
+    out.ok = false;
+    out.mr = undefined;
+    out.offset = 0;
+    out.fault = fault;
+    return out as RemoteLookup;
   }
 
   /** SEND with Invalidate: revoke an R_Key of this PD. False when no such key (IBTA class J). */

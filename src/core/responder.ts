@@ -26,7 +26,7 @@ import { AETH_LEN, BTH_LEN, DEFAULT_PKEY } from '../wire/constants.js';
 import type { EngineContext, RxInfo } from './context.js';
 import type { CounterName } from './counters.js';
 import { blankFields, clearParts, PAD, SHARED_HEADER_BUILDER } from './headers.js';
-import { resolveSges, scatter, type MemoryRegion } from './mr.js';
+import { resolveSges, scatter, type MemoryRegion, type RemoteVa } from './mr.js';
 import { ACCESS, WC_FLAGS, type Psn, type WcStatus, type WorkCompletion } from './types.js';
 import type { RecvWqe, WorkQueue } from './wqe.js';
 
@@ -384,7 +384,7 @@ export class Responder {
         qp.respWriteMr = undefined;
         qp.respWriteOff = 0;
         if (reth.dmaLength === 0) return undefined; // a zero-length WRITE needs no valid R_Key (9.4.4)
-        const r = qp.mrs.remote(qp.pd, reth.rkey, ACCESS.REMOTE_WRITE, reth.va, reth.dmaLength);
+        const r = qp.mrs.remote(qp.pd, reth.rkey, ACCESS.REMOTE_WRITE, reth, reth.dmaLength);
         if (!r.ok) return this.rkeyFault(qp, `WRITE ${r.fault} rkey=0x${reth.rkey.toString(16)}`);
         qp.respWriteMr = r.mr;
         qp.respWriteOff = r.offset;
@@ -410,13 +410,13 @@ export class Responder {
     if (info.kind === 'readRequest') {
       const r = pkt.reth!;
       if (r.dmaLength === 0) return undefined;
-      const l = qp.mrs.remote(qp.pd, r.rkey, ACCESS.REMOTE_READ, r.va, r.dmaLength);
+      const l = qp.mrs.remote(qp.pd, r.rkey, ACCESS.REMOTE_READ, r, r.dmaLength);
       if (!l.ok) return this.rkeyFault(qp, `READ ${l.fault} rkey=0x${r.rkey.toString(16)}`);
       return undefined;
     }
     if (info.kind === 'atomic') {
       const a = pkt.atomicEth!;
-      const l = qp.mrs.remote(qp.pd, a.rkey, ACCESS.REMOTE_ATOMIC, a.va, 8);
+      const l = qp.mrs.remote(qp.pd, a.rkey, ACCESS.REMOTE_ATOMIC, a, 8);
       if (!l.ok) return this.rkeyFault(qp, `atomic ${l.fault} rkey=0x${a.rkey.toString(16)}`);
       // Class C: atomics need an 8-byte aligned address (9.4.5); rxe NAKs Invalid Request.
       if ((a.va & 7n) !== 0n) return fatalVerdict(NAK_CODE.INVALID_REQUEST, 'REM_INV_REQ_ERR', 'invalidRequest', 'misaligned atomic');
@@ -544,15 +544,15 @@ export class Responder {
     this.remember(qp, res);
     qp.respPsn = psnAdd(pkt.bth.psn, npkts);
     qp.respOpcode = -1;
-    this.queueRead(qp, res, pkt.bth.psn, r.va, r.dmaLength);
+    this.queueRead(qp, res, pkt.bth.psn, r, r.dmaLength);
     return OK;
   }
 
-  private queueRead(qp: ResponderQp, res: Resource, psn: Psn, va: bigint, len: number): boolean {
+  private queueRead(qp: ResponderQp, res: Resource, psn: Psn, at: RemoteVa, len: number): boolean {
     let mr: MemoryRegion | undefined;
     let off = 0;
     if (len > 0) {
-      const l = qp.mrs.remote(qp.pd, res.rkey, ACCESS.REMOTE_READ, va, len);
+      const l = qp.mrs.remote(qp.pd, res.rkey, ACCESS.REMOTE_READ, at, len);
       if (!l.ok) return false;
       mr = l.mr;
       off = l.offset;
@@ -564,7 +564,7 @@ export class Responder {
 
   private doAtomic(qp: ResponderQp, pkt: RocePacket, info: OpcodeInfo): ResponderOutcome {
     const a = pkt.atomicEth!;
-    const l = qp.mrs.remote(qp.pd, a.rkey, ACCESS.REMOTE_ATOMIC, a.va, 8);
+    const l = qp.mrs.remote(qp.pd, a.rkey, ACCESS.REMOTE_ATOMIC, a, 8);
     if (!l.ok) return OK; // checked by checkRkey
     // Host-order (little-endian) 64-bit operand, as the CPU behind a real HCA sees it.
     const dv = new DataView(l.mr.buffer.buffer, l.mr.buffer.byteOffset + l.offset, 8);
@@ -659,7 +659,7 @@ export class Responder {
         return OK;
       }
       for (let i = qp.respJobs.length - 1; i >= 0; i--) if (qp.respJobs[i]!.res === res) qp.respJobs.splice(i, 1);
-      if (!this.queueRead(qp, res, pkt.bth.psn, r.va, r.dmaLength)) {
+      if (!this.queueRead(qp, res, pkt.bth.psn, r, r.dmaLength)) {
         qp.counters.dupNoResource++;
         return OK;
       }

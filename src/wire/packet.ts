@@ -21,7 +21,7 @@ import {
 import { emitBth, parseBth, parseBthInto, type Bth } from './bth.js';
 import { emitDeth, parseDeth, parseDethInto, type Deth } from './deth.js';
 import { opcodeInfo, type OpcodeInfo } from './opcode.js';
-import { emitReth, parseReth, parseRethInto, type Reth } from './reth.js';
+import { emitReth, newRethRecord, parseReth, parseRethInto, type Reth } from './reth.js';
 import {
   emitFeth, emitIeth, emitImmDt, parseFeth, parseFethInto, parseIeth, parseIethInto, parseImmDt, parseImmDtInto, type Feth, type Ieth, type ImmDt,
 } from './small.js';
@@ -122,7 +122,7 @@ export class PacketRecord implements RocePacket {
   readonly owned = {
     deth: { qkey: 0, srcQp: 0 },
     feth: { placementType: 0, selectivity: 0 },
-    reth: { va: 0n, rkey: 0, dmaLength: 0 },
+    reth: newRethRecord(),
     atomicEth: { va: 0n, rkey: 0, swapAdd: 0n, compare: 0n },
     aeth: { syndrome: 0, msn: 0 },
     atomicAckEth: { originalData: 0n },

@@ -8,15 +8,37 @@ export interface Reth {
   rkey: number;
   /** Length of the whole RDMA operation in bytes, not of this packet. */
   dmaLength: number;
+  /**
+   * The VA's high and low 32 bits as numbers, kept by `parseRethInto` in a record made by
+   * `newRethRecord` (and absent elsewhere): the responder's R_Key check finds the offset into the
+   * region with them, where arithmetic on `va` would make a BigInt per request.
+   */
+  vaHi?: number | undefined;
+  vaLo?: number | undefined;
 }
 
 export function parseReth(b: Uint8Array, off: number): Reth {
   return parseRethInto(b, off, { va: 0n, rkey: 0, dmaLength: 0 });
 }
 
+/**
+ * A record for `parseRethInto` to refill that also keeps the VA's halves (`vaHi`, `vaLo`). They are
+ * not enumerable, so that the record still compares, prints and serializes as the RETH it is.
+ */
+export function newRethRecord(): Reth {
+  const h: Reth = { va: 0n, rkey: 0, dmaLength: 0 };
+  Object.defineProperty(h, 'vaHi', { value: 0, writable: true, enumerable: false });
+  Object.defineProperty(h, 'vaLo', { value: 0, writable: true, enumerable: false });
+  return h;
+}
+
 /** `parseReth` into a record the caller reuses; returns it. */
 export function parseRethInto(b: Uint8Array, off: number, h: Reth): Reth {
   h.va = readU64(b, off);
+  if (h.vaHi !== undefined) {
+    h.vaHi = readU32(b, off);
+    h.vaLo = readU32(b, off + 4);
+  }
   h.rkey = readU32(b, off + 8);
   h.dmaLength = readU32(b, off + 12);
   return h;

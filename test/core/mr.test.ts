@@ -5,6 +5,7 @@
  */
 import t from 'tap';
 import { MrTable, ProtectionDomain, resolveSges } from '../../src/core/mr.js';
+import { newRethRecord, parseReth, parseRethInto } from '../../src/wire/reth.js';
 import { ACCESS } from '../../src/core/types.js';
 
 t.test('SGEs resolve to views of their own bytes; violations refuse the list', async (t) => {
@@ -32,4 +33,56 @@ t.test('SGEs resolve to views of their own bytes; violations refuse the list', a
   t.equal(resolveSges(table, pd, [{ addr: mr.va(30), length: 3, lkey: mr.lkey }], false), undefined, 'past the region');
   t.equal(resolveSges(table, pd, [{ addr: mr.va(0) - 1n, length: 1, lkey: mr.lkey }], false), undefined, 'before the region');
   t.equal(resolveSges(table, pd, [{ addr: mr.va(0), length: 1, lkey: mr.lkey ^ 0x100 }], false), undefined, 'an unknown L_Key');
+});
+
+t.test('the R_Key check gives the same answer from a parsed RETH (its VA in halves) as from the bigint alone', async (t) => {
+  const table = new MrTable();
+  const pd = new ProtectionDomain(1, {});
+  const other = new ProtectionDomain(2, {});
+  const regions = [
+    table.register(pd, new Uint8Array(4096), ACCESS.LOCAL_WRITE | ACCESS.REMOTE_WRITE),
+    table.register(pd, new Uint8Array(100), ACCESS.LOCAL_WRITE | ACCESS.REMOTE_READ),
+    table.register(other, new Uint8Array(64), ACCESS.LOCAL_WRITE | ACCESS.REMOTE_WRITE),
+  ];
+  // VAs at and around each region's edges, the next 4 GiB slot's, across a carry of the low half,
+  // and far away (a high half that differs by 2^20 and more: an offset no double holds exactly).
+  const vas = (base: bigint, len: number): bigint[] => [
+    base, base - 1n, base + 1n, base + BigInt(len) - 1n, base + BigInt(len), base + BigInt(len) + 1n,
+    base - (1n << 32n), base + (1n << 32n), base + 0xffff_ffffn, base - 0x1_0000_0001n,
+    base + (1n << 52n), base + (1n << 60n), base ^ (1n << 63n), 0n, (1n << 64n) - 1n,
+  ];
+  const wire = new Uint8Array(16);
+  const dv = new DataView(wire.buffer);
+  const rec = newRethRecord();
+  let cases = 0;
+  for (const mr of regions) {
+    for (const va of vas(mr.va(), mr.length)) {
+      if (va < 0n || va >= 1n << 64n) continue;
+      for (const len of [0, 1, 8, mr.length, mr.length + 1]) {
+        for (const access of [ACCESS.REMOTE_WRITE, ACCESS.REMOTE_READ]) {
+          dv.setBigUint64(0, va);
+          dv.setUint32(8, mr.rkey);
+          dv.setUint32(12, len);
+          parseRethInto(wire, 0, rec);
+          t.equal(rec.vaHi! * 2 ** 32 + rec.vaLo!, Number(va), 'the halves are the VA');
+          const plain = { ...table.remote(pd, mr.rkey, access, { va }, len) };
+          const halves = { ...table.remote(pd, mr.rkey, access, rec, len) };
+          if (JSON.stringify(plain, (_, v) => (v === mr ? 'mr' : v)) !== JSON.stringify(halves, (_, v) => (v === mr ? 'mr' : v))) {
+            t.fail(`va 0x${va.toString(16)} len ${len} access ${access}: ${JSON.stringify(plain, (_, v) => (v === mr ? 'mr' : v))} vs ${JSON.stringify(halves, (_, v) => (v === mr ? 'mr' : v))}`);
+          }
+          cases++;
+        }
+      }
+    }
+  }
+  t.ok(cases > 400, `${cases} cases agree`);
+  // The answer is one record refilled: a refusal after a match leaves no region in it.
+  const ok = table.remote(pd, regions[0]!.rkey, ACCESS.REMOTE_WRITE, { va: regions[0]!.va(16) }, 8);
+  t.same({ ok: ok.ok, offset: ok.ok ? ok.offset : -1 }, { ok: true, offset: 16 });
+  const bad = table.remote(pd, regions[0]!.rkey, ACCESS.REMOTE_WRITE, { va: regions[0]!.va(4096) }, 8);
+  t.equal(bad, ok, 'the same record');
+  t.same({ ...bad }, { ok: false, mr: undefined, offset: 0, fault: 'bounds' });
+  // The halves stay out of what the record shows: it compares and serializes as a RETH.
+  t.same(rec, parseReth(wire, 0));
+  t.same(Object.keys(rec), ['va', 'rkey', 'dmaLength']);
 });
