@@ -78,8 +78,10 @@ export class MemoryRegion {
 
   /** Byte offset into the region of [va, va+len), or undefined when not entirely inside. */
   offsetOf(va: bigint, len: number): number | undefined {
-    // One BigInt, the difference; the rest in numbers, exact below MAX_OFFSET (every request's
-    // R_Key check comes here, and each BigInt is an allocation).
+    // An SGE at the region's start (a whole-region SGE, the usual one) needs no arithmetic: comparing
+    // BigInts makes none, where each difference is an allocation.
+    if (va === this.addr) return len > this.buffer.length ? undefined : 0;
+    // Otherwise one BigInt, the difference; the rest in numbers, exact below MAX_OFFSET.
     const off = va - this.addr;
     if (off < 0n || off > MAX_OFFSET) return undefined;
     const o = Number(off);

@@ -930,10 +930,16 @@ export class UdpLink implements WireLink {
     if (this.closed) return;
     if (this.probeNonce !== undefined && localPort === this.local.port && this.isProbe(msg, src.port)) return;
     const hook = this.rxHook;
-    if (hook === undefined) {
-      this.accept(msg, src, localPort, false, srcBytes, idGuess, verdict);
-      return;
-    }
+    if (hook === undefined) this.accept(msg, src, localPort, false, srcBytes, idGuess, verdict);
+    else this.hooked(hook, msg, src, localPort);
+  }
+
+  /**
+   * A datagram through the receive hook. Apart from `onDatagram` because of the closure: the variables
+   * a closure captures live in a context that V8 makes on every entry to the function that declares
+   * them, closure made or not (52 B per packet when this was inline there, with no hook set).
+   */
+  private hooked(hook: RxHook, msg: Uint8Array, src: PeerAddress, localPort: number): void {
     hook(msg, src, (datagram, ce = false) => this.accept(datagram, src, localPort, ce));
   }
 
