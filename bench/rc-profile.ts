@@ -11,6 +11,7 @@
  *
  *   node dist/bench/rc-profile.js [--op WRITE|READ|SEND] [--mtu 4096] [--size 1048576] [--ms 3000] [--out DIR] [--top 25]
  *   node dist/bench/rc-profile.js --qps 100 [--ms 3000]     # the QP scale case instead: WRITE 4 KiB round-robin over N QPs
+ *   node dist/bench/rc-profile.js --no-inline ...           # the children with V8's inlining off: costs under their own functions
  *
  * The raw `.cpuprofile` files stay in DIR (default a fresh folder under the OS temp dir) for Chrome
  * DevTools or speedscope.
@@ -141,7 +142,7 @@ async function main(): Promise<void> {
     options: {
       op: { type: 'string', default: 'WRITE' }, mtu: { type: 'string', default: '4096' }, size: { type: 'string', default: String(1 << 20) },
       ms: { type: 'string', default: '3000' }, out: { type: 'string' }, top: { type: 'string', default: '25' },
-      qps: { type: 'string' },
+      qps: { type: 'string' }, 'no-inline': { type: 'boolean', default: false },
     },
   });
   const op = values.op as RcOp;
@@ -163,9 +164,13 @@ async function main(): Promise<void> {
       tx: { workload: 'profInitiator', args: { op, mtu, size, depth, warmupMs: 300, windowMs, sampleAlloc } },
       rx: { workload: 'profTarget', primary: false, args: { op, mtu, size, recvDepth: op === 'SEND' ? 2 * depth : 0, sampleAlloc } },
     };
-  // The QP scale children read their heap after a forced collection.
-  const gcArgv = qps !== undefined ? ['--expose-gc'] : [];
+  // The QP scale children read their heap after a forced collection. With --no-inline, V8 inlines
+  // nothing: an optimized frame is its outermost function with what was inlined into it, and both
+  // profilers name that function, so an allocation or a cost inside an inlined callee shows up under
+  // its caller; without inlining each shows under its own function (at some cost in speed).
+  const gcArgv = [...(qps !== undefined ? ['--expose-gc'] : []), ...(values['no-inline'] ? ['--max-inlined-bytecode-size=0'] : [])];
   console.log(machineLine());
+  if (values['no-inline']) console.log('V8 inlining off in the children (--max-inlined-bytecode-size=0)');
   console.log(qps !== undefined
     ? `QP scale: WRITE 4096 B round-robin over ${qps} QPs, 128 outstanding, path MTU 4096, ${windowMs} ms; profiles in ${out}\n`
     : `${op} ${size} B, path MTU ${mtu}, depth ${depth}, ${windowMs} ms; profiles in ${out}\n`);

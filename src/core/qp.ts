@@ -30,13 +30,16 @@ import { NO_JOBS, RESPONDER, type ReadJob, type RecvInProgress, type Resource, t
 import { ackTimeoutUs, earliest, type Micros } from './time.js';
 import {
   QP_ATTR_MASK as M, SEND_FLAGS, WC_FLAGS,
-  type AsyncEvent, type Endpoint, type Psn, type QpAttr, type QpCap, type QpState, type QpType, type Qpn, type RecvWr, type SendWr,
+  type AsyncEvent, type Endpoint, type Sge, type Psn, type QpAttr, type QpCap, type QpState, type QpType, type Qpn, type RecvWr, type SendWr,
   type WcOpcode, type WcStatus, type WorkCompletion, type WrOpcode,
 } from './types.js';
 import { grownRing, WorkQueue, type RecvWqe, type SendWqe } from './wqe.js';
 
 /** "Run me as soon as you can" from `pollAt`. */
 export const ASAP: Micros = 0;
+
+/** The SGE list of a receive WR that has none (a zero-length receive), shared. */
+const NO_SGES: readonly Sge[] = Object.freeze([]);
 
 /** How the QP reaches the outside world; the runtime implements it. */
 export interface QpIo {
@@ -485,12 +488,19 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState,
     if (this.rq.length + wrs.length > this.cap.maxRecvWr) {
       throw new QueueFullError(`receive queue full: ${this.rq.length} + ${wrs.length} > ${this.cap.maxRecvWr}`);
     }
-    const wqes: RecvWqe[] = wrs.map((wr, i) => {
-      const sges = wr.sgList ?? [];
-      if (sges.length > this.cap.maxRecvSge) throw new InvalidWrError(`recv WR ${i}: ${sges.length} SGEs > maxRecvSge ${this.cap.maxRecvSge}`);
-      return { wrId: wr.wrId, sges, length: sgeTotal(sges), segments: undefined };
-    });
-    for (const w of wqes) this.rq.push(w);
+    // Every WR checked before any is queued (a refused list posts nothing), then each queued: two
+    // loops rather than a mapped array and its closure, garbage per post.
+    const max = this.cap.maxRecvSge;
+    for (let i = 0; i < wrs.length; i++) {
+      const n = wrs[i]!.sgList?.length ?? 0;
+      if (n > max) throw new InvalidWrError(`recv WR ${i}: ${n} SGEs > maxRecvSge ${max}`);
+    }
+    for (let i = 0; i < wrs.length; i++) {
+      const wr = wrs[i]!;
+      const sges = wr.sgList ?? NO_SGES;
+      const wqe: RecvWqe = { wrId: wr.wrId, sges, length: sgeTotal(sges), segments: undefined };
+      this.rq.push(wqe);
+    }
     if (this._state === 'ERR') this.flushRecv();
   }
 

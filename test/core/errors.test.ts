@@ -270,3 +270,21 @@ function driveTo(qp: Qp, s: QpState): void {
         : { qpState: 'RTR', ahAttr: { address: '10.0.0.2' }, pathMtu: 1024, destQpNum: 0x11, rqPsn: 0, maxDestRdAtomic: 1, minRnrTimer: 1 });
   }
 }
+
+t.test('a receive list with one WR over maxRecvSge: InvalidWrError naming it, nothing queued; a WR without SGEs takes a 0-byte SEND', async (t) => {
+  const { p, qa, qb } = await rcPair({ cap: { maxRecvSge: 2 } });
+  const mr = regMr(p.b.pd, new Uint8Array(64), ALL_ACCESS);
+  const ok = { wrId: 1, sgList: [mr.sge(0, 8), mr.sge(8, 8)] };
+  const over = { wrId: 2, sgList: [mr.sge(0, 8), mr.sge(8, 8), mr.sge(16, 8)] };
+  const e = throws(() => postRecv(qb, [ok, ok, over, ok]));
+  t.ok(e instanceof InvalidWrError, 'InvalidWrError');
+  t.match(String(e), 'recv WR 2: 3 SGEs > maxRecvSge 2');
+  t.equal(qb.core.rq.length, 0, 'nothing queued, not even the WRs before it');
+  postRecv(qb, [{ wrId: 3 }, ok]);
+  t.equal(qb.core.rq.length, 2, 'both queued');
+  const src = regMr(p.a.pd, pattern(16, 5), ALL_ACCESS);
+  postSend(qa, [{ wrId: 10, opcode: 'SEND', sgList: [] }, { wrId: 11, opcode: 'SEND', sgList: [src.sge(0, 16)] }]);
+  const wcs = collect(p.clock, p.b.cq, 2);
+  t.match(wcs, [{ wrId: 3, status: 'SUCCESS', byteLen: 0 }, { wrId: 1, status: 'SUCCESS', byteLen: 16 }]);
+  t.same([...mr.buffer.subarray(0, 16)], [...pattern(16, 5)]);
+});

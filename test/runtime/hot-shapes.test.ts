@@ -22,6 +22,7 @@ t.test('hot records keep fast properties; one receive record per link', async (t
   t.equal(r['fastMetas'], true, 'that record has fast properties');
   t.equal(r['packetRecords'], 1, "the target's QP was handed one parsed packet record for all the WRITEs");
   t.equal(r['fastPackets'], true, 'that record has fast properties');
+  t.equal(r['fastReth'], true, 'so has its RETH record, with the VA in halves');
   t.equal(r['deviceCounters'], true, "the device's counters have fast properties");
   t.equal(r['linkCounters'], true, "the link's counters have fast properties");
   t.equal(r['qp'], true, 'the QP record has fast properties');
