@@ -145,10 +145,13 @@ export async function stubSide(tree: string, n: number, onSend?: (head: Uint8Arr
 async function targetRunner(tree: string, n: number): Promise<(ms: number) => { nsPerPacket: number; packets: number }> {
   const { ctx, mr, qps, rx, answer, flush, sent: sentCount, peer } = await stubSide(tree, n);
   const qpns = Int32Array.from(qps, (q) => q.qpNum);
+  // Slots of one buffer, as a receive ring's are (src/link/mmsg.ts, `RxRing`).
+  const len = 12 + 16 + SIZE + 4;
+  const ringMemory = new ArrayBuffer(SLOTS * len);
   const slots: Uint8Array[] = [];
   for (let s = 0; s < SLOTS; s++) {
-    const b = new Uint8Array(12 + 16 + SIZE + 4);
-    const dv = new DataView(b.buffer);
+    const b = new Uint8Array(ringMemory, s * len, len);
+    const dv = new DataView(ringMemory, s * len, len);
     b[0] = OP_RC_RDMA_WRITE_ONLY;
     dv.setUint16(2, 0xffff);
     b[8] = 0x80; // AckReq

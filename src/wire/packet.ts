@@ -99,12 +99,16 @@ export function parsePacket(b: Uint8Array, off = 0, len = b.length - off): Packe
   return { ok: true, packet: pkt, info };
 }
 
+/** A `PacketRecord` keeps 2^VIEW_BITS payload views: more than a receive ring has slots and segments in use. */
+const VIEW_BITS = 10;
+const VIEW_ENTRIES = 1 << VIEW_BITS;
+
 /**
  * A packet record that `parsePacketInto` refills, for a receive path that reads each packet only
  * during one call: every header slot is always present (undefined when the opcode has no such
  * header) and points, when set, at the one object of its kind the record owns, so the record keeps
- * one shape whatever opcode it holds and a parse allocates nothing but the payload view (and the
- * BigInts of a 64-bit field).
+ * one shape whatever opcode it holds. A parse allocates nothing but the BigInts of a 64-bit field and,
+ * the first time a range of an input array is a payload, its view (`payloadView`).
  */
 export class PacketRecord implements RocePacket {
   bth: Bth = { opcode: 0, se: false, m: false, padCount: 0, tver: 0, pkey: 0, fecn: false, becn: false, resv6: 0, destQp: 0, ackReq: false, resv7: 0, psn: 0 };
@@ -129,6 +133,33 @@ export class PacketRecord implements RocePacket {
     immDt: { data: 0 },
     ieth: { rkey: 0 },
   };
+
+  // The payload views handed out, direct-mapped on where the payload starts in its buffer: each entry
+  // the input array, the range in it and the view of that range.
+  readonly #viewOf: Uint8Array[] = new Array<Uint8Array>(VIEW_ENTRIES).fill(NO_PAYLOAD);
+  readonly #viewRange = new Int32Array(2 * VIEW_ENTRIES);
+  readonly #view: Uint8Array[] = new Array<Uint8Array>(VIEW_ENTRIES).fill(NO_PAYLOAD);
+
+  /**
+   * `b.subarray(start, end)`, or the view this record made for the same range of the same array
+   * before. A receive ring hands the same view of a slot in again batch after batch, where a stream's
+   * packets lie at the same places (src/link/mmsg.ts, `RxRing.view`), and a view (about 90 bytes of
+   * heap) costs more to make than this look-up. The same array and range are the same bytes, so the
+   * view is as good as a new one for anyone, a caller that keeps it included.
+   */
+  payloadView(b: Uint8Array, start: number, end: number): Uint8Array {
+    // Fibonacci hashing of the payload's place: a ring's slots lie a fixed stride apart (9,216 or
+    // 65,536 bytes), which the low bits alone would map onto a few entries.
+    const i = Math.imul(b.byteOffset + start, 0x9e3779b1) >>> (32 - VIEW_BITS);
+    const range = this.#viewRange;
+    if (this.#viewOf[i] === b && range[2 * i] === start && range[2 * i + 1] === end) return this.#view[i]!;
+    const v = b.subarray(start, end);
+    this.#viewOf[i] = b;
+    range[2 * i] = start;
+    range[2 * i + 1] = end;
+    this.#view[i] = v;
+    return v;
+  }
 }
 
 /**
@@ -142,7 +173,7 @@ export function parsePacketInto(b: Uint8Array, off: number, len: number, rec: Pa
   if (typeof info === 'string') return undefined;
   const payloadLength = len - info.headerLength - padCount(b, off) - ICRC_LEN;
   parseBthInto(b, off, rec.bth);
-  rec.payload = payloadLength === 0 ? NO_PAYLOAD : b.subarray(off + info.headerLength, off + info.headerLength + payloadLength);
+  rec.payload = payloadLength === 0 ? NO_PAYLOAD : rec.payloadView(b, off + info.headerLength, off + info.headerLength + payloadLength);
   rec.icrc = icrcAt(b, off + len);
   const o = info.offsets;
   const h = rec.owned;

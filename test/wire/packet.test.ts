@@ -230,3 +230,56 @@ t.test('parsePacketInto: exactly the packets parsePacket accepts, with the same 
   t.ok(seen.size > 30, `${seen.size} opcodes compared field by field`);
   t.ok(seen.has('RC_ACKNOWLEDGE') && seen.has('RC_RDMA_WRITE_ONLY') && seen.has('UD_SEND_ONLY_WITH_IMMEDIATE'), 'ACK, WRITE and UD among them');
 });
+
+t.test('parsePacketInto hands out the payload view it made before only for the same range of the same array', async (t) => {
+  // RC RDMA WRITE ONLY with a RETH, `n` payload bytes of `fill`, and an ICRC field.
+  const writeOnly = (n: number, fill: number): Uint8Array => {
+    const b = new Uint8Array(28 + n + 4);
+    b.set(fromHex('0a00ffff0000001100000001' + '00007ff96912a00000000245' + n.toString(16).padStart(8, '0')));
+    b.fill(fill, 28, 28 + n);
+    return b;
+  };
+  const rec = new PacketRecord();
+  const payloadOf = (b: Uint8Array, len = b.length): Uint8Array => {
+    t.ok(parsePacketInto(b, 0, len, rec), 'parsed');
+    return rec.payload;
+  };
+  // Two slots of one buffer, as a receive ring's.
+  const SLOT = 4200;
+  const ring = new ArrayBuffer(2 * SLOT);
+  const slot0 = new Uint8Array(ring, 0, 4128);
+  const slot1 = new Uint8Array(ring, SLOT, 4128);
+  slot0.set(writeOnly(4096, 0x11));
+  slot1.set(writeOnly(4096, 0x22));
+  const first = payloadOf(slot0);
+  const other = payloadOf(slot1);
+  t.not(other, first, 'another slot: another view');
+  t.equal(payloadOf(slot0), first, 'the same slot again: the same view');
+  t.ok(first.every((x) => x === 0x11) && other.every((x) => x === 0x22), 'each over its own bytes');
+
+  // The next packet in slot 0 (new bytes, same place): the same view, showing them.
+  slot0.set(writeOnly(4096, 0x33));
+  const again = payloadOf(slot0);
+  t.equal(again, first);
+  t.ok(again.every((x) => x === 0x33), 'the view shows the bytes now there');
+
+  // A shorter packet in slot 0: a range that ends elsewhere, so a view of its own length.
+  slot0.set(writeOnly(1024, 0x44));
+  const shorter = payloadOf(slot0, 28 + 1024 + 4);
+  t.not(shorter, first);
+  t.equal(shorter.length, 1024);
+  t.equal(shorter.byteOffset, 28);
+
+  // Another array at the same offset (its own buffer, or a second view of the ring): never the view
+  // of slot 0, whose entry it shares.
+  const alone = writeOnly(1024, 0x55);
+  const its = payloadOf(alone);
+  t.not(its, shorter);
+  t.equal(its.buffer, alone.buffer);
+  t.ok(its.length === 1024 && its.every((x) => x === 0x55), 'its own bytes');
+  const twin = new Uint8Array(ring, 0, 4128);
+  const viaTwin = payloadOf(twin, 28 + 1024 + 4);
+  t.not(viaTwin, shorter, 'another array over the same bytes: a view of its own');
+  t.equal(toHex(viaTwin), toHex(shorter));
+  t.equal(payloadOf(slot0, 28 + 1024 + 4).byteOffset, 28, 'slot 0 again: its range');
+});
