@@ -43,6 +43,8 @@ export class MemoryRegion {
   readonly addrLo: number;
   /** A plain view of the whole region: an SGE that covers it (one buffer per message) needs no view of its own. */
   readonly whole: Uint8Array;
+  /** `[whole]`: the segment list of a WR whose one SGE covers the region, made once rather than per post. */
+  readonly wholeList: readonly Uint8Array[];
 
   constructor(
     readonly pd: ProtectionDomain,
@@ -57,6 +59,7 @@ export class MemoryRegion {
     this.addrHi = Number(addr >> 32n);
     this.addrLo = Number(addr & 0xffff_ffffn);
     this.whole = new Uint8Array(this.memory, this.memoryOffset, buffer.length);
+    this.wholeList = [this.whole];
   }
 
   get length(): number {
@@ -208,8 +211,8 @@ export function resolveSges(
   pd: ProtectionDomain,
   sges: readonly Sge[],
   needLocalWrite: boolean,
-): Uint8Array[] | undefined {
-  const out: Uint8Array[] = [];
+): readonly Uint8Array[] | undefined {
+  let out: Uint8Array[] | undefined;
   for (const s of sges) {
     if (s.length === 0) continue;
     const mr = table.byLkey(s.lkey);
@@ -217,12 +220,21 @@ export function resolveSges(
     if (needLocalWrite && (mr.access & ACCESS.LOCAL_WRITE) === 0) return undefined;
     const off = mr.offsetOf(s.addr, s.length);
     if (off === undefined) return undefined;
+    const whole = off === 0 && s.length === mr.whole.length;
+    // The usual post, one SGE over a whole region: the region's own list. An empty array grows a
+    // backing store of 17 slots at its first push (about 180 bytes per message).
+    if (whole && sges.length === 1) return mr.wholeList;
     // A plain view: Buffer's subarray goes through its own JS wrapper (FastBuffer), twice the cost
     // per message for what the engines use as a Uint8Array.
-    out.push(off === 0 && s.length === mr.whole.length ? mr.whole : new Uint8Array(mr.memory, mr.memoryOffset + off, s.length));
+    const view = whole ? mr.whole : new Uint8Array(mr.memory, mr.memoryOffset + off, s.length);
+    if (out === undefined) out = [view];
+    else out.push(view);
   }
-  return out;
+  return out ?? NO_SEGMENTS;
 }
+
+/** The segments of a WR without bytes. */
+const NO_SEGMENTS: readonly Uint8Array[] = [];
 
 export function sgeTotal(sges: readonly Sge[] | undefined): number {
   let n = 0;

@@ -66,7 +66,7 @@ export interface Resource {
 /** The receive WQE a SEND in progress is filling, and how far. */
 export interface RecvInProgress {
   wqe: RecvWqe;
-  segments: Uint8Array[];
+  segments: readonly Uint8Array[];
   offset: number;
 }
 

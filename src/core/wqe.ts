@@ -34,7 +34,7 @@ export interface SendWqe {
   readonly remoteQkey: number;
   readonly readOrAtomic: boolean;
   /** Local memory as views, resolved when the requester starts the WQE. */
-  segments: Uint8Array[] | undefined;
+  segments: readonly Uint8Array[] | undefined;
   state: WqeState;
   /** Packets (PSNs) this WQE occupies: a READ occupies one per response packet. */
   npkts: number;
@@ -55,7 +55,7 @@ export interface RecvWqe {
   readonly sges: readonly Sge[];
   readonly length: number;
   /** Resolved lazily, when a message first lands in this WQE. */
-  segments: Uint8Array[] | undefined;
+  segments: readonly Uint8Array[] | undefined;
 }
 
 /**

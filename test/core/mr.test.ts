@@ -86,3 +86,31 @@ t.test('the R_Key check gives the same answer from a parsed RETH (its VA in halv
   t.same(rec, parseReth(wire, 0));
   t.same(Object.keys(rec), ['va', 'rkey', 'dmaLength']);
 });
+
+t.test('one SGE over its whole region resolves to the region’s own list, checked like any other; other lists are their own', async (t) => {
+  const table = new MrTable();
+  const pd = new ProtectionDomain(1, {});
+  const other = new ProtectionDomain(2, {});
+  const backing = new Uint8Array(64).map((_, i) => i);
+  const mr = table.register(pd, backing.subarray(16, 48), ACCESS.LOCAL_WRITE);
+  const ro = table.register(pd, new Uint8Array(8), 0);
+  const whole = resolveSges(table, pd, [mr.sge()], true)!;
+  t.equal(resolveSges(table, pd, [mr.sge()], false), whole, 'the same list at every post');
+  t.equal(whole.length, 1);
+  t.same([...whole[0]!], Array.from({ length: 32 }, (_, i) => 16 + i), 'over the region’s bytes');
+  // Part of the region, or the whole region beside another SGE: a list made for the post.
+  const part = resolveSges(table, pd, [mr.sge(0, 31)], true)!;
+  t.not(part, resolveSges(table, pd, [mr.sge(0, 31)], true), 'a part: a list per post');
+  t.equal(part[0]!.length, 31);
+  const two = resolveSges(table, pd, [mr.sge(), mr.sge(0, 2)], true)!;
+  t.not(two, whole);
+  t.same(two.map((v) => v.length), [32, 2], 'both SGEs');
+  t.equal(whole.length, 1, 'the region’s list untouched');
+  t.same(resolveSges(table, pd, [mr.sge(0, 0)], true), [], 'an empty SGE: no segments');
+  // The checks still refuse a whole-region SGE.
+  t.equal(resolveSges(table, other, [mr.sge()], false), undefined, 'another PD');
+  t.equal(resolveSges(table, pd, [ro.sge()], true), undefined, 'no LOCAL_WRITE');
+  t.equal(resolveSges(table, pd, [{ ...mr.sge(), lkey: mr.lkey ^ 0x100 }], false), undefined, 'an unknown L_Key');
+  table.deregister(mr);
+  t.equal(resolveSges(table, pd, [mr.sge()], false), undefined, 'a deregistered region');
+});
