@@ -277,7 +277,8 @@ export function scatter(segments: readonly Uint8Array[], off: number, src: Uint8
       continue;
     }
     const take = Math.min(seg.length - skip, src.length - from);
-    seg.set(src.subarray(from, from + take), skip);
+    // All of `src` into one segment (a packet's payload, the usual case) needs no view of it.
+    seg.set(take === src.length ? src : src.subarray(from, from + take), skip);
     from += take;
     skip = 0;
   }

@@ -4,7 +4,8 @@
  * SGE that covers its whole region), and any violation refuses the whole list.
  */
 import t from 'tap';
-import { MrTable, ProtectionDomain, resolveSges } from '../../src/core/mr.js';
+import fc from 'fast-check';
+import { gather, MrTable, ProtectionDomain, resolveSges, scatter } from '../../src/core/mr.js';
 import { newRethRecord, parseReth, parseRethInto } from '../../src/wire/reth.js';
 import { ACCESS } from '../../src/core/types.js';
 
@@ -113,4 +114,28 @@ t.test('one SGE over its whole region resolves to the region’s own list, check
   t.equal(resolveSges(table, pd, [{ ...mr.sge(), lkey: mr.lkey ^ 0x100 }], false), undefined, 'an unknown L_Key');
   table.deregister(mr);
   t.equal(resolveSges(table, pd, [mr.sge()], false), undefined, 'a deregistered region');
+});
+
+t.test('scatter writes a payload across segments as into their concatenation, and gather reads it back', async (t) => {
+  fc.assert(
+    fc.property(fc.array(fc.nat(9), { maxLength: 5 }), fc.nat(40), fc.uint8Array({ maxLength: 30 }), (lengths, at, src) => {
+      const segments = lengths.map((n, k) => new Uint8Array(n).fill(0xe0 + k));
+      const total = lengths.reduce((a, b) => a + b, 0);
+      const want = Uint8Array.from(segments.flatMap((s) => [...s]));
+      const fits = at + src.length <= total;
+      if (fits) want.set(src, at);
+      if (scatter(segments, at, src) !== fits) return false;
+      // Refused: nothing written; taken: exactly the bytes at `at` changed.
+      if (segments.flatMap((s) => [...s]).join() !== [...want].join()) return false;
+      if (!fits) return true;
+      const parts: Uint8Array[] = [];
+      gather(segments, at, src.length, parts);
+      return parts.flatMap((p) => [...p]).join() === [...src].join();
+    }),
+    { numRuns: 3000 },
+  );
+  // The whole payload into one segment, at its start and inside it.
+  const seg = new Uint8Array(8);
+  t.ok(scatter([new Uint8Array(2), seg], 3, Uint8Array.of(1, 2, 3)));
+  t.same([...seg], [0, 1, 2, 3, 0, 0, 0, 0]);
 });
