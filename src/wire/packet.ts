@@ -99,7 +99,10 @@ export function parsePacket(b: Uint8Array, off = 0, len = b.length - off): Packe
   return { ok: true, packet: pkt, info };
 }
 
-/** A `PacketRecord` keeps 2^VIEW_BITS payload views: more than a receive ring has slots and segments in use. */
+/**
+ * A `PacketRecord` keeps 2^VIEW_BITS payload views: a receive ring's 64 slots, with a GRO train's
+ * segments in each, put a steady stream's payloads at a few hundred places.
+ */
 const VIEW_BITS = 10;
 const VIEW_ENTRIES = 1 << VIEW_BITS;
 
@@ -107,8 +110,9 @@ const VIEW_ENTRIES = 1 << VIEW_BITS;
  * A packet record that `parsePacketInto` refills, for a receive path that reads each packet only
  * during one call: every header slot is always present (undefined when the opcode has no such
  * header) and points, when set, at the one object of its kind the record owns, so the record keeps
- * one shape whatever opcode it holds. A parse allocates nothing but the BigInts of a 64-bit field and,
- * the first time a range of an input array is a payload, its view (`payloadView`).
+ * one shape whatever opcode it holds. A parse allocates nothing but the BigInts of a 64-bit field and
+ * its payload's view, which it hands out again for the same range of the same array while that view
+ * is still in its table (`payloadView`).
  */
 export class PacketRecord implements RocePacket {
   bth: Bth = { opcode: 0, se: false, m: false, padCount: 0, tver: 0, pkey: 0, fecn: false, becn: false, resv6: 0, destQp: 0, ackReq: false, resv7: 0, psn: 0 };

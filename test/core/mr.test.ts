@@ -9,14 +9,22 @@ import { gather, MrTable, ProtectionDomain, resolveSges, scatter } from '../../s
 import { newRethRecord, parseReth, parseRethInto } from '../../src/wire/reth.js';
 import { ACCESS } from '../../src/core/types.js';
 
-t.test('SGEs resolve to views of their own bytes; violations refuse the list', async (t) => {
+/**
+ * A table with a writable region in the middle of a larger buffer (bytes 16 … 47 of `backing`, which
+ * holds its own index: views must start at the region, not at the buffer) and a read-only one.
+ */
+function regions() {
   const table = new MrTable();
   const pd = new ProtectionDomain(1, {});
   const other = new ProtectionDomain(2, {});
   const backing = new Uint8Array(64).map((_, i) => i);
-  // A region in the middle of a larger buffer: views must start at the region, not at the buffer.
   const mr = table.register(pd, backing.subarray(16, 48), ACCESS.LOCAL_WRITE);
   const ro = table.register(pd, new Uint8Array(8), 0);
+  return { table, pd, other, backing, mr, ro };
+}
+
+t.test('SGEs resolve to views of their own bytes; violations refuse the list', async (t) => {
+  const { table, pd, other, backing, mr, ro } = regions();
   const got = resolveSges(table, pd, [mr.sge(), mr.sge(4, 3), mr.sge(0, 0), mr.sge(31, 1)], true);
   t.ok(got, 'resolved');
   t.same(got!.map((v) => [...v]), [
@@ -89,12 +97,7 @@ t.test('the R_Key check gives the same answer from a parsed RETH (its VA in halv
 });
 
 t.test('one SGE over its whole region resolves to the region’s own list, checked like any other; other lists are their own', async (t) => {
-  const table = new MrTable();
-  const pd = new ProtectionDomain(1, {});
-  const other = new ProtectionDomain(2, {});
-  const backing = new Uint8Array(64).map((_, i) => i);
-  const mr = table.register(pd, backing.subarray(16, 48), ACCESS.LOCAL_WRITE);
-  const ro = table.register(pd, new Uint8Array(8), 0);
+  const { table, pd, other, mr, ro } = regions();
   const whole = resolveSges(table, pd, [mr.sge()], true)!;
   t.equal(resolveSges(table, pd, [mr.sge()], false), whole, 'the same list at every post');
   t.equal(whole.length, 1);
