@@ -13,6 +13,7 @@
 import { DEVICE_LIMITS } from './limits.js';
 import { MrError } from './errors.js';
 import { ACCESS, type Lkey, type Rkey, type Sge } from './types.js';
+import { ViewTable } from '../wire/view-table.js';
 
 export class ProtectionDomain {
   constructor(readonly handle: number, readonly owner: object) {}
@@ -27,6 +28,15 @@ const VA_BASE = 0x7f3c_0000_0000n;
 const VA_SLOT = 1n << 32n;
 /** No region is longer: an offset past this is outside every one (and below 2^53, exact as a number). */
 const MAX_OFFSET = BigInt(DEVICE_LIMITS.maxMrSize);
+
+/**
+ * The size of a region's table of views of its parts (`viewAt`): two entries per piece of the smallest
+ * path MTU (256 B), 16 to 4,096 of them (a 1 MiB buffer's 256 pieces of 4 KiB take 256 entries of
+ * 4,096, where 1,024 entries held them in 177).
+ */
+function partViewBits(length: number): number {
+  return Math.min(12, Math.max(4, Math.ceil(Math.log2(length / 128))));
+}
 
 export class MemoryRegion {
   /** True once a SEND with Invalidate (or `invalidate()`) has revoked the R_Key. */
@@ -45,6 +55,8 @@ export class MemoryRegion {
   readonly whole: Uint8Array;
   /** `[whole]`: the segment list of a WR whose one SGE covers the region, made once rather than per post. */
   readonly wholeList: readonly Uint8Array[];
+  /** Views of parts of the region made so far (`viewAt`); made at the first. */
+  private parts: ViewTable | undefined = undefined;
 
   constructor(
     readonly pd: ProtectionDomain,
@@ -60,6 +72,19 @@ export class MemoryRegion {
     this.addrLo = Number(addr & 0xffff_ffffn);
     this.whole = new Uint8Array(this.memory, this.memoryOffset, buffer.length);
     this.wholeList = [this.whole];
+  }
+
+  /**
+   * A view of bytes `off … off + len` of the region, the one made before for the same range while
+   * the region's table still holds it. A message longer than the path MTU leaves as views of its
+   * buffer, one per packet, and a buffer sent or read again is cut at the same places; the table is
+   * the region's own, so it keeps nothing alive that the region does not.
+   */
+  viewAt(off: number, len: number): Uint8Array {
+    if (off === 0 && len === this.whole.length) return this.whole;
+    let t = this.parts;
+    if (t === undefined) t = this.parts = new ViewTable(partViewBits(this.whole.length));
+    return t.view(this.whole, off, off + len);
   }
 
   get length(): number {

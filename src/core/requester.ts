@@ -197,6 +197,13 @@ export class Requester {
     } else {
       wqe.npkts = Math.max(1, Math.ceil(wqe.length / mtu));
     }
+    // A message of several packets from one whole region: the packets' views come from the
+    // region's table, the same ones each time the buffer is sent again.
+    wqe.region = undefined;
+    if (wqe.npkts > 1 && !wqe.readOrAtomic && wqe.sges.length === 1 && wqe.segments.length === 1) {
+      const mr = ctx.mrs.byLkey(wqe.sges[0]!.lkey);
+      if (mr !== undefined && mr.wholeList === wqe.segments) wqe.region = mr;
+    }
     // Normally a no-op. After a go-back-N the completer may retire a WQE whose resend had not
     // finished; its PSNs up to highPsn are spent, and a new WQE must not reuse them.
     s.reqPsn = s.reqHighPsn;
@@ -280,7 +287,11 @@ export class Requester {
       f.srcQp = ctx.qpn;
     }
     parts.push(SHARED_HEADER_BUILDER.build(f));
-    if (len > 0) gather(wqe.segments!, off, len, parts);
+    if (len > 0) {
+      const region = wqe.region;
+      if (region !== undefined) parts.push(region.viewAt(off, len));
+      else gather(wqe.segments!, off, len, parts);
+    }
     if (f.padCount) parts.push(PAD[f.padCount]!);
     this.finishPacket(s, ctx, dst, psn, 1);
     wqe.nextPkt = k + 1;

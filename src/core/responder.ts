@@ -752,7 +752,7 @@ export class Responder {
       const parts = RESPONSE_PARTS;
       clearParts(parts);
       parts.push(SHARED_HEADER_BUILDER.build(f));
-      if (n > 0) parts.push(job.mr.buffer.subarray(job.off, job.off + n));
+      if (n > 0) parts.push(job.mr.viewAt(job.off, n));
       if (f.padCount) parts.push(PAD[f.padCount]!);
       qp.transmit(qp.attrs.dest!, parts);
       clearParts(parts);

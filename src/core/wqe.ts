@@ -10,6 +10,7 @@
  */
 
 import type { AddressHandle, Psn, Rkey, Sge, WcStatus, WrId, WrOpcode } from './types.js';
+import type { MemoryRegion } from './mr.js';
 
 export type WqeState = 'posted' | 'processing' | 'pending' | 'done';
 
@@ -35,6 +36,11 @@ export interface SendWqe {
   readonly readOrAtomic: boolean;
   /** Local memory as views, resolved when the requester starts the WQE. */
   segments: readonly Uint8Array[] | undefined;
+  /**
+   * The region, when the WQE's one SGE covers it whole and the message takes more than one packet:
+   * each packet's payload is then a view from the region's own table (`MemoryRegion.viewAt`).
+   */
+  region: MemoryRegion | undefined;
   state: WqeState;
   /** Packets (PSNs) this WQE occupies: a READ occupies one per response packet. */
   npkts: number;

@@ -22,6 +22,7 @@ import { emitBth, parseBth, parseBthInto, type Bth } from './bth.js';
 import { emitDeth, parseDeth, parseDethInto, type Deth } from './deth.js';
 import { opcodeInfo, type OpcodeInfo } from './opcode.js';
 import { emitReth, newRethRecord, parseReth, parseRethInto, type Reth } from './reth.js';
+import { ViewTable } from './view-table.js';
 import {
   emitFeth, emitIeth, emitImmDt, parseFeth, parseFethInto, parseIeth, parseIethInto, parseImmDt, parseImmDtInto, type Feth, type Ieth, type ImmDt,
 } from './small.js';
@@ -101,10 +102,10 @@ export function parsePacket(b: Uint8Array, off = 0, len = b.length - off): Packe
 
 /**
  * A `PacketRecord` keeps 2^VIEW_BITS payload views: a receive ring's 64 slots, with a GRO train's
- * segments in each, put a steady stream's payloads at a few hundred places.
+ * segments in each, put a steady stream's payloads at up to about a thousand places (at path MTU
+ * 4096, 64 × 15 trains' segments take 960 entries of 4,096 with no two on one; of 1,024, 789).
  */
-const VIEW_BITS = 10;
-const VIEW_ENTRIES = 1 << VIEW_BITS;
+const VIEW_BITS = 12;
 
 /**
  * A packet record that `parsePacketInto` refills, for a receive path that reads each packet only
@@ -138,31 +139,16 @@ export class PacketRecord implements RocePacket {
     ieth: { rkey: 0 },
   };
 
-  // The payload views handed out, direct-mapped on where the payload starts in its buffer: each entry
-  // the input array, the range in it and the view of that range.
-  readonly #viewOf: Uint8Array[] = new Array<Uint8Array>(VIEW_ENTRIES).fill(NO_PAYLOAD);
-  readonly #viewRange = new Int32Array(2 * VIEW_ENTRIES);
-  readonly #view: Uint8Array[] = new Array<Uint8Array>(VIEW_ENTRIES).fill(NO_PAYLOAD);
+  // The payload views made so far, handed out again for the same range of the same array.
+  readonly #views = new ViewTable(VIEW_BITS);
 
   /**
    * `b.subarray(start, end)`, or the view this record made for the same range of the same array
-   * before. A receive ring hands the same view of a slot in again batch after batch, where a stream's
-   * packets lie at the same places (src/link/mmsg.ts, `RxRing.view`), and a view (about 90 bytes of
-   * heap) costs more to make than this look-up. The same array and range are the same bytes, so the
-   * view is as good as a new one for anyone, a caller that keeps it included.
+   * before (`ViewTable`): a receive ring hands the same view of a slot in again batch after batch,
+   * where a stream's packets lie at the same places (src/link/mmsg.ts, `RxRing.view`).
    */
   payloadView(b: Uint8Array, start: number, end: number): Uint8Array {
-    // Fibonacci hashing of the payload's place: a ring's slots lie a fixed stride apart (9,216 or
-    // 65,536 bytes), which the low bits alone would map onto a few entries.
-    const i = Math.imul(b.byteOffset + start, 0x9e3779b1) >>> (32 - VIEW_BITS);
-    const range = this.#viewRange;
-    if (this.#viewOf[i] === b && range[2 * i] === start && range[2 * i + 1] === end) return this.#view[i]!;
-    const v = b.subarray(start, end);
-    this.#viewOf[i] = b;
-    range[2 * i] = start;
-    range[2 * i + 1] = end;
-    this.#view[i] = v;
-    return v;
+    return this.#views.view(b, start, end);
   }
 }
 
