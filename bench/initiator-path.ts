@@ -14,6 +14,7 @@
  */
 
 import { fileURLToPath } from 'node:url';
+import type { WorkCompletion } from '../src/core/types.js';
 import { readU24, writeU24 } from '../src/wire/bytes.js';
 import { pathMain, stubAck, stubSide, turn } from './target-path.js';
 
@@ -58,6 +59,10 @@ async function child(tree: string, n: number, ms: number): Promise<void> {
     }
   };
   let completed = 0;
+  // Completions copied into records kept for the run (`pollInto`), or a tree's new objects where its
+  // CQ has no `pollInto` (a build from before it).
+  let wcs: WorkCompletion[] = [];
+  const poll = typeof cq.pollInto === 'function' ? (): number => cq.pollInto(wcs, DEPTH) : (): number => (wcs = cq.poll(DEPTH)).length;
   /** Answers the next batch of sent WRITEs, then polls the completions and posts as many again. */
   const round = (): void => {
     const from = sentHead;
@@ -84,10 +89,10 @@ async function child(tree: string, n: number, ms: number): Promise<void> {
     sentHead = to;
     answer(false);
     flush();
-    const wcs = cq.poll(DEPTH);
-    for (const wc of wcs) if (wc.status !== 'SUCCESS') throw new Error(`initiator-path: completion ${wc.status}`);
-    completed += wcs.length;
-    post(wcs.length);
+    const got = poll();
+    for (let i = 0; i < got; i++) if (wcs[i]!.status !== 'SUCCESS') throw new Error(`initiator-path: completion ${wcs[i]!.status}`);
+    completed += got;
+    post(got);
   };
   const runFor = async (window: number): Promise<void> => {
     const end = performance.now() + window;

@@ -18,6 +18,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import {
   allocPd, closeDevice, createCq, createQp, destroyCq, modifyQp, openDevice, type Context, type Cq, type Pd, type Qp,
 } from '../src/api/verbs.js';
+import { newWorkCompletion } from '../src/core/cq.js';
 import { ACCESS, type MtuValue, type QpCap, type WorkCompletion } from '../src/core/types.js';
 
 export const TX_ADDRESS = '127.0.0.1';
@@ -164,6 +165,8 @@ export async function pump(cq: Cq, post: (n: number) => void, depth: number, war
   let result: PumpResult | undefined;
   let seen = -1;
   let stalled = false;
+  // The records every poll copies into (`pollCqInto`), kept for the whole run.
+  const wcs: WorkCompletion[] = Array.from({ length: depth }, newWorkCompletion);
   const watchdog = setInterval(() => {
     if (msgs === seen) {
       stalled = true;
@@ -183,11 +186,13 @@ export async function pump(cq: Cq, post: (n: number) => void, depth: number, war
       let n = 1;
       bytes += wc.byteLen;
       if (cq.core.length > 0) {
-        for (const w of cq.poll(depth)) {
+        const got = cq.pollInto(wcs, depth);
+        for (let i = 0; i < got; i++) {
+          const w = wcs[i]!;
           if (w.status !== 'SUCCESS') throw new Error(`${what}: completion ${w.status} (vendor 0x${w.vendorErr.toString(16)})`);
           bytes += w.byteLen;
-          n++;
         }
+        n += got;
       }
       msgs += n;
       outstanding -= n;
@@ -215,7 +220,7 @@ export async function pump(cq: Cq, post: (n: number) => void, depth: number, war
   try {
     while (outstanding > 0) {
       await nextWc(cq, `${what} (drain)`, 3000);
-      outstanding -= 1 + cq.poll(depth).length;
+      outstanding -= 1 + cq.pollInto(wcs, depth);
     }
     result.drained = true;
   } catch {

@@ -17,6 +17,7 @@
 
 import { pathToFileURL } from 'node:url';
 import { destroyCq, postRecv, postSend, regMr } from '../src/api/verbs.js';
+import { newWorkCompletion } from '../src/core/cq.js';
 import type { RecvWr, SendWr, WorkCompletion, WrOpcode } from '../src/core/types.js';
 import { dgramBaselineName } from './dgram.bench.js';
 import { formatRows, type BenchRow } from './harness.js';
@@ -79,6 +80,8 @@ const rcTarget: Workload = async (args: TargetArgs, ctx: ChildContext) => {
     const peers = await ctx.ready(info);
     connectRc(qp, peerInfo<QpInfo>(peers, 'tx'), psn, args.mtu);
     let received = 0;
+    // The records the receive completions are copied into (`pollCqInto`), kept for the whole run.
+    const wcs: WorkCompletion[] = Array.from({ length: args.recvDepth }, newWorkCompletion);
     if (args.op === 'SEND') {
       // No timer or abort listener per wait (they would cost the target per batch): the stop
       // destroys the CQ, which rejects the pending wait.
@@ -92,7 +95,9 @@ const rcTarget: Workload = async (args: TargetArgs, ctx: ChildContext) => {
           throw e;
         }
         if (wc.status !== 'SUCCESS') throw new Error(`target receive: completion ${wc.status}`);
-        const n = 1 + s.cq.poll(args.recvDepth).length;
+        const got = s.cq.pollInto(wcs, args.recvDepth);
+        for (let i = 0; i < got; i++) if (wcs[i]!.status !== 'SUCCESS') throw new Error(`target receive: completion ${wcs[i]!.status}`);
+        const n = 1 + got;
         received += n;
         postRecv(qp, n === recvs.length ? recvs : recvs.slice(0, n));
       }

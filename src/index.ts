@@ -5,7 +5,7 @@
 
 export {
   openDevice, closeDevice, allocPd, regMr, deregMr, createCq, destroyCq, createQp, destroyQp, modifyQp, queryQp,
-  createAh, postSend, postRecv, pollCq, Context, Pd, Cq, Qp,
+  createAh, postSend, postRecv, pollCq, pollCqInto, Context, Pd, Cq, Qp,
   type OpenDeviceOptions, type QpInitAttr, type PortAttr,
 } from './api/verbs.js';
 export { nextCompletion, waitCompletion, completions, type WaitOptions } from './api/async.js';
@@ -22,6 +22,7 @@ export {
 } from './core/errors.js';
 export { COUNTER_NAMES, type CounterName, type Counters } from './core/counters.js';
 export { MemoryRegion } from './core/mr.js';
+export { newWorkCompletion } from './core/cq.js';
 export { Device } from './runtime/device.js';
 export { SystemClock, VirtualClock, type Clock, type Micros } from './runtime/clock.js';
 export type { Link, PeerAddress, RxMeta, LinkCaps } from './link/link.js';

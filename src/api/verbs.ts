@@ -144,6 +144,11 @@ export class Cq implements AsyncIterable<WorkCompletion> {
     return this.core.poll(max);
   }
 
+  /** `pollCqInto(this, wcs, max)`. */
+  pollInto(wcs: WorkCompletion[], max = wcs.length): number {
+    return this.core.pollInto(wcs, max);
+  }
+
   next(opts?: WaitOptions): Promise<WorkCompletion> {
     return nextCompletion(this.core, opts);
   }
@@ -301,4 +306,13 @@ export function postRecv(qp: Qp, wr: RecvWr | readonly RecvWr[]): void {
 
 export function pollCq(cq: Cq, max = 1): WorkCompletion[] {
   return cq.core.poll(max);
+}
+
+/**
+ * `ibv_poll_cq`: up to `max` completions copied into the caller's records `wcs[0]`, `wcs[1]` … (a
+ * missing one is made, with `newWorkCompletion`); returns how many. Records kept from poll to poll
+ * make a stream of completions leave no garbage, which `pollCq`'s new objects do.
+ */
+export function pollCqInto(cq: Cq, wcs: WorkCompletion[], max = wcs.length): number {
+  return cq.core.pollInto(wcs, max);
 }

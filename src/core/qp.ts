@@ -713,7 +713,7 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState,
       this.reqRdAtomic--;
     }
     if (wqe.opcode.startsWith('SEND')) this.counters.rdmaSends++;
-    if (wqe.signaled) this.pushCompletion(this.sendCq, this.sendWc(wqe, 'SUCCESS', 0));
+    if (wqe.signaled) this.completeSend(wqe, 'SUCCESS', 0);
   }
 
   private retireDone(): void {
@@ -727,7 +727,7 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState,
     if (this.sqPeek() === wqe) {
       this.sqShift();
       if (wqe.holdsRdAtomic) this.reqRdAtomic--;
-      this.pushCompletion(this.sendCq, this.sendWc(wqe, status, vendorErr));
+      this.completeSend(wqe, status, vendorErr);
     }
     if (this.type === 'RC') this.fail(`${why} (${status})`);
     else this.setState('SQE', `${why} (${status})`);
@@ -740,25 +740,34 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState,
     this.io.event({ type: 'QP_FATAL', qpNum: this.qpn, reason });
   }
 
-  private sendWc(wqe: SendWqe, status: WcStatus, vendorErr: number): WorkCompletion {
-    return {
-      wrId: wqe.wrId,
-      status,
-      opcode: WC_OPCODE_OF[wqe.opcode],
-      vendorErr,
-      byteLen: wqe.length,
-      qpNum: this.qpn,
-      srcQp: 0,
-      wcFlags: wqe.immData !== undefined ? WC_FLAGS.WITH_IMM : 0,
-      pkeyIndex: 0,
-    };
+  /** Completes `wqe` on the send CQ, written in place into the CQ's ring (no object per completion). */
+  private completeSend(wqe: SendWqe, status: WcStatus, vendorErr: number): void {
+    this.completedSinceRun = true;
+    const cq = this.sendCq;
+    const wc = cq.reserve();
+    if (wc === undefined) {
+      this.lostCompletion(cq);
+      return;
+    }
+    wc.wrId = wqe.wrId;
+    wc.status = status;
+    wc.opcode = WC_OPCODE_OF[wqe.opcode];
+    wc.vendorErr = vendorErr;
+    wc.byteLen = wqe.length;
+    wc.qpNum = this.qpn;
+    wc.srcQp = 0;
+    wc.wcFlags = wqe.immData !== undefined ? WC_FLAGS.WITH_IMM : 0;
+    wc.pkeyIndex = 0;
+    wc.immData = undefined;
+    wc.invalidatedRkey = undefined;
+    cq.commit();
   }
 
   /** Every outstanding send WR completes with WR_FLUSH_ERR (10.3.1, C10-?: flushed WRs always complete). */
   private flushSend(): void {
     for (let w = this.sqShift(); w; w = this.sqShift()) {
       if (w.holdsRdAtomic) w.holdsRdAtomic = false;
-      this.pushCompletion(this.sendCq, this.sendWc(w, 'WR_FLUSH_ERR', 0));
+      this.completeSend(w, 'WR_FLUSH_ERR', 0);
     }
     this.reqRdAtomic = 0;
     this.reqCursor = this.sqHead;
@@ -774,11 +783,13 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState,
 
   private pushCompletion(cq: CompletionQueue, wc: WorkCompletion): void {
     this.completedSinceRun = true;
-    if (!cq.push(wc)) {
-      // Class G: the CQ overflowed. The completion is lost; report it (11.6.2, CQ error).
-      this.counters.cqOverflow++;
-      this.io.event({ type: 'CQ_ERR', cqHandle: cq.handle, qpNum: this.qpn, reason: 'CQ overflow' });
-    }
+    if (!cq.push(wc)) this.lostCompletion(cq);
+  }
+
+  /** Class G: the CQ overflowed. The completion is lost; report it (11.6.2, CQ error). */
+  private lostCompletion(cq: CompletionQueue): void {
+    this.counters.cqOverflow++;
+    this.io.event({ type: 'CQ_ERR', cqHandle: cq.handle, qpNum: this.qpn, reason: 'CQ overflow' });
   }
 
   private hasUnfinishedSends(): boolean {

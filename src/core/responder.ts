@@ -25,9 +25,10 @@ import { ipv4Checksum, parseIpAddress } from '../wire/frame.js';
 import { AETH_LEN, BTH_LEN, DEFAULT_PKEY } from '../wire/constants.js';
 import type { EngineContext, RxInfo } from './context.js';
 import type { CounterName } from './counters.js';
+import { newWorkCompletion } from './cq.js';
 import { blankFields, clearParts, PAD, SHARED_HEADER_BUILDER } from './headers.js';
 import { resolveSges, scatter, type MemoryRegion, type RemoteVa } from './mr.js';
-import { ACCESS, WC_FLAGS, type Psn, type WcStatus, type WorkCompletion } from './types.js';
+import { ACCESS, WC_FLAGS, type Psn, type WcStatus } from './types.js';
 import type { RecvWqe, WorkQueue } from './wqe.js';
 
 /** What the QP must do after a request. */
@@ -101,6 +102,8 @@ export const NO_JOBS: ReadJob[] = Object.freeze([]) as unknown as ReadJob[];
 // Scratch shared by every QP of the process, as the header builder is (its comment says why that is
 // safe): with thousands of QPs taking turns, a record and a list of each QP's own were cold in cache
 // at every packet.
+/** The record every receive completion is built in (`completeRecv`): the CQ copies it at once. */
+const RECV_WC = newWorkCompletion();
 const RESPONSE_FIELDS = blankFields();
 const RESPONSE_PARTS: Uint8Array[] = [];
 /**
@@ -504,17 +507,17 @@ export class Responder {
     rq.shift();
     const isWriteImm = info.kind === 'write';
     let flags = 0;
-    const wc: WorkCompletion = {
-      wrId: wqe.wrId,
-      status,
-      opcode: isWriteImm ? 'RECV_RDMA_WITH_IMM' : 'RECV',
-      vendorErr: 0,
-      byteLen: status !== 'SUCCESS' ? 0 : isWriteImm ? (qp.respWriting ? qp.respWriteLength : 0) : (r?.offset ?? 0),
-      qpNum: qp.qpn,
-      srcQp: pkt.deth?.srcQp ?? 0,
-      wcFlags: 0,
-      pkeyIndex: 0,
-    };
+    // Built in the one scratch record: `postRecvCompletion` copies it into the CQ's ring at once.
+    const wc = RECV_WC;
+    wc.wrId = wqe.wrId;
+    wc.status = status;
+    wc.opcode = isWriteImm ? 'RECV_RDMA_WITH_IMM' : 'RECV';
+    wc.byteLen = status !== 'SUCCESS' ? 0 : isWriteImm ? (qp.respWriting ? qp.respWriteLength : 0) : (r?.offset ?? 0);
+    wc.qpNum = qp.qpn;
+    wc.srcQp = pkt.deth?.srcQp ?? 0;
+    wc.wcFlags = 0;
+    wc.immData = undefined;
+    wc.invalidatedRkey = undefined;
     if (status === 'SUCCESS') {
       if (qp.type === 'UD') flags |= WC_FLAGS.GRH;
       if (pkt.immDt) {

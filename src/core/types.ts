@@ -125,10 +125,10 @@ export interface WorkCompletion {
   /** Vendor error: the AETH syndrome of a NAK that caused the error, else 0. */
   vendorErr: number;
   byteLen: number;
-  /** Present with `WC_FLAGS.WITH_IMM`. */
-  immData?: number;
-  /** Present with `WC_FLAGS.WITH_INV`. */
-  invalidatedRkey?: Rkey;
+  /** Set with `WC_FLAGS.WITH_IMM`; otherwise absent (`poll`) or undefined (a reused record, `pollInto`). */
+  immData?: number | undefined;
+  /** Set with `WC_FLAGS.WITH_INV`; otherwise absent or undefined, as `immData`. */
+  invalidatedRkey?: Rkey | undefined;
   qpNum: Qpn;
   /** The sender's QPN (UD receive completions; 0 otherwise). */
   srcQp: Qpn;
