@@ -114,3 +114,26 @@ t.test('pollCqInto over an RC pair: SENDs with and without immediate data, and W
   }
   t.same(pollCq(p.b.cq, 4), [], 'nothing left');
 });
+
+t.test('a send completion written into a slot that held a receive completion with immediate data reads none', async (t) => {
+  // One CQ of three slots for both of B's queues: its receive completions (with immediate data) and
+  // its send completions take turns, so each record holds one kind and then the other.
+  const p = await memoryPair({ cqe: 3 });
+  const [qa, qb] = connectPair(p, 'RC');
+  const a = regMr(p.a.pd, new Uint8Array(256), ALL_ACCESS);
+  const b = regMr(p.b.pd, new Uint8Array(256), ALL_ACCESS);
+  const rec = [newWorkCompletion()];
+  const seen: string[] = [];
+  for (let i = 0; i < 4; i++) {
+    postRecv(qb, { wrId: 10 + i, sgList: [b.sge(0, 64)] });
+    postRecv(qa, { wrId: 20 + i, sgList: [a.sge(0, 64)] });
+    postSend(qa, { wrId: 30 + i, opcode: 'SEND_WITH_IMM', immData: 0xbeef00 + i, sgList: [a.sge(64, 16)] });
+    runUntil(p.clock, () => pollCqInto(p.b.cq, rec) === 1);
+    seen.push(`${rec[0]!.opcode} ${String(rec[0]!.wrId)} ${String(rec[0]!.immData)}`);
+    postSend(qb, { wrId: 40 + i, opcode: 'SEND', sgList: [b.sge(64, 16)] });
+    runUntil(p.clock, () => pollCqInto(p.b.cq, rec) === 1);
+    seen.push(`${rec[0]!.opcode} ${String(rec[0]!.wrId)} ${String(rec[0]!.immData)} ${rec[0]!.wcFlags}`);
+    runUntil(p.clock, () => pollCq(p.a.cq, 2).length > 0);
+  }
+  t.same(seen, [0, 1, 2, 3].flatMap((i) => [`RECV ${10 + i} ${0xbeef00 + i}`, `SEND ${40 + i} undefined 0`]));
+});
