@@ -512,10 +512,12 @@ export class Responder {
     wc.wrId = wqe.wrId;
     wc.status = status;
     wc.opcode = isWriteImm ? 'RECV_RDMA_WITH_IMM' : 'RECV';
+    wc.vendorErr = 0;
     wc.byteLen = status !== 'SUCCESS' ? 0 : isWriteImm ? (qp.respWriting ? qp.respWriteLength : 0) : (r?.offset ?? 0);
     wc.qpNum = qp.qpn;
     wc.srcQp = pkt.deth?.srcQp ?? 0;
     wc.wcFlags = 0;
+    wc.pkeyIndex = 0;
     wc.immData = undefined;
     wc.invalidatedRkey = undefined;
     if (status === 'SUCCESS') {
