@@ -58,10 +58,17 @@ export interface Resource {
   kind: 'read' | 'atomic';
   firstPsn: Psn;
   lastPsn: Psn;
-  va: bigint;
+  /** The request's VA as its 32-bit halves: a READ's is read off the RETH without making a BigInt. */
+  vaHi: number;
+  vaLo: number;
   length: number;
   rkey: number;
   origValue: bigint;
+}
+
+/** A resource's VA as the bigint the requests carry. */
+function resourceVa(res: Resource): bigint {
+  return (BigInt(res.vaHi) << 32n) | BigInt(res.vaLo);
 }
 
 /** The receive WQE a SEND in progress is filling, and how far. */
@@ -544,7 +551,7 @@ export class Responder {
     qp.respMsn = (qp.respMsn + 1) & 0xffffff;
     const res: Resource = {
       kind: 'read', firstPsn: pkt.bth.psn, lastPsn: psnAdd(pkt.bth.psn, npkts - 1),
-      va: r.va, length: r.dmaLength, rkey: r.rkey, origValue: 0n,
+      vaHi: r.vaHi ?? Number(r.va >> 32n), vaLo: r.vaLo ?? Number(r.va & 0xffff_ffffn), length: r.dmaLength, rkey: r.rkey, origValue: 0n,
     };
     this.remember(qp, res);
     qp.respPsn = psnAdd(pkt.bth.psn, npkts);
@@ -576,7 +583,7 @@ export class Responder {
     const orig = dv.getBigUint64(0, true);
     const next = info.name.endsWith('COMPARE_SWAP') ? (orig === a.compare ? a.swapAdd : orig) : BigInt.asUintN(64, orig + a.swapAdd);
     dv.setBigUint64(0, next, true);
-    const res: Resource = { kind: 'atomic', firstPsn: pkt.bth.psn, lastPsn: pkt.bth.psn, va: a.va, length: 8, rkey: a.rkey, origValue: orig };
+    const res: Resource = { kind: 'atomic', firstPsn: pkt.bth.psn, lastPsn: pkt.bth.psn, vaHi: Number(a.va >> 32n), vaLo: Number(a.va & 0xffff_ffffn), length: 8, rkey: a.rkey, origValue: orig };
     this.remember(qp, res);
     qp.respMsn = (qp.respMsn + 1) & 0xffffff;
     qp.respPsn = psnAdd(pkt.bth.psn, 1);
@@ -658,8 +665,8 @@ export class Responder {
     if (info.kind === 'readRequest') {
       const r = pkt.reth!;
       // Re-executed, but only as a subset of the original request (C9-112 area); otherwise class D.
-      if (!res || res.kind !== 'read' || r.rkey !== res.rkey || r.va < res.va ||
-          r.va + BigInt(r.dmaLength) > res.va + BigInt(res.length)) {
+      if (!res || res.kind !== 'read' || r.rkey !== res.rkey || r.va < resourceVa(res) ||
+          r.va + BigInt(r.dmaLength) > resourceVa(res) + BigInt(res.length)) {
         qp.counters.dupNoResource++;
         return OK;
       }

@@ -111,9 +111,10 @@ const VIEW_BITS = 12;
  * A packet record that `parsePacketInto` refills, for a receive path that reads each packet only
  * during one call: every header slot is always present (undefined when the opcode has no such
  * header) and points, when set, at the one object of its kind the record owns, so the record keeps
- * one shape whatever opcode it holds. A parse allocates nothing but the BigInts of a 64-bit field and
- * its payload's view, which it hands out again for the same range of the same array while that view
- * is still in its table (`payloadView`).
+ * one shape whatever opcode it holds. A parse allocates nothing but the BigInts of an atomic's 64-bit
+ * fields (a RETH's VA is kept as two numbers, `newRethRecord`) and its payload's view, which it hands
+ * out again for the same range of the same array while that view is still in its table
+ * (`payloadView`).
  */
 export class PacketRecord implements RocePacket {
   bth: Bth = { opcode: 0, se: false, m: false, padCount: 0, tver: 0, pkey: 0, fecn: false, becn: false, resv6: 0, destQp: 0, ackReq: false, resv7: 0, psn: 0 };
