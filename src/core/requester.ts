@@ -237,7 +237,8 @@ export class Requester {
       const off = k * mtu;
       f.opcode = requestOpcode(ctx.type, 'RDMA_READ', 'ONLY');
       f.ackReq = true;
-      f.va = wqe.remoteAddr + BigInt(off);
+      // The WQE's own bigint for a first request: a sum would make two per READ.
+      f.va = off === 0 ? wqe.remoteAddr : wqe.remoteAddr + BigInt(off);
       f.rkey = wqe.rkey;
       f.dmaLength = wqe.length - off;
       parts.push(SHARED_HEADER_BUILDER.build(f));
