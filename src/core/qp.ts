@@ -26,7 +26,7 @@ import { MAX_ACK_BACKOFF, MAX_PKTS_PER_POLL } from './limits.js';
 import { sgeTotal, type MemoryRegion, type MrTable, type ProtectionDomain } from './mr.js';
 import { checkModify, maskFromAttr, mtuBytes } from './qp-state.js';
 import { isReadOrAtomic, REQUESTER, WR_OPCODES_FOR, type RequesterState } from './requester.js';
-import { NO_JOBS, RESPONDER, type ReadJob, type RecvInProgress, type Resource, type ResponderState } from './responder.js';
+import { NO_JOBS, NO_SEGMENTS, RESPONDER, type ReadJob, type Resource, type ResponderState } from './responder.js';
 import { ackTimeoutUs, earliest, type Micros } from './time.js';
 import {
   QP_ATTR_MASK as M, SEND_FLAGS, WC_FLAGS,
@@ -173,7 +173,9 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState,
   respWriteResid = 0;
   respWriteMr: MemoryRegion | undefined = undefined;
   respWriteOff = 0;
-  respRecv: RecvInProgress | undefined = undefined;
+  respRecvWqe: RecvWqe | undefined = undefined;
+  respRecvSegments: readonly Uint8Array[] = NO_SEGMENTS;
+  respRecvOffset = 0;
   respResources: Resource[] = [];
   respResCap = 0;
   respResHead = 0;

@@ -71,12 +71,8 @@ function resourceVa(res: Resource): bigint {
   return (BigInt(res.vaHi) << 32n) | BigInt(res.vaLo);
 }
 
-/** The receive WQE a SEND in progress is filling, and how far. */
-export interface RecvInProgress {
-  wqe: RecvWqe;
-  segments: readonly Uint8Array[];
-  offset: number;
-}
+/** `respRecvSegments` of a QP with no SEND in progress. */
+export const NO_SEGMENTS: readonly Uint8Array[] = Object.freeze([]);
 
 /** READ response packets still to send. */
 export interface ReadJob {
@@ -141,8 +137,14 @@ export interface ResponderState {
   respSentPsnNak: boolean;
   /** UC: drop packets until the next message start. */
   respDropMsg: boolean;
-  /** The receive WQE a SEND in progress is filling, and how far. */
-  respRecv: RecvInProgress | undefined;
+  /**
+   * The SEND in progress: the receive WQE it fills (undefined between messages), that WQE's memory,
+   * and how far the message has filled it. In fields for the reason the WRITE's are (below): a record
+   * per message was 47 B of garbage per 4 KiB SEND at the target.
+   */
+  respRecvWqe: RecvWqe | undefined;
+  respRecvSegments: readonly Uint8Array[];
+  respRecvOffset: number;
   // The RDMA WRITE in progress, in fields rather than an object of its own: with thousands of QPs
   // taking turns, a fresh object per message stored into the QP was a write-barrier entry on another
   // page at every message, and the 64-bit VA it advanced two BigInts per packet. The first packet
@@ -193,7 +195,7 @@ export class Responder {
     qp.respOpcode = -1;
     qp.respSentPsnNak = false;
     qp.respDropMsg = false;
-    qp.respRecv = undefined;
+    this.endRecv(qp);
     this.endWrite(qp);
     // Grown on use: most QPs never see a READ or atomic, and an idle QP should cost little.
     qp.respResources = [];
@@ -210,6 +212,13 @@ export class Responder {
     return prev !== undefined && !prev.end && (prev.kind === 'send' || prev.kind === 'write');
   }
 
+  /** No SEND in progress; its WQE and memory are let go. */
+  private endRecv(qp: ResponderState): void {
+    qp.respRecvWqe = undefined;
+    qp.respRecvSegments = NO_SEGMENTS;
+    qp.respRecvOffset = 0;
+  }
+
   private endWrite(qp: ResponderState): void {
     qp.respWriting = false;
     qp.respWriteMr = undefined;
@@ -217,7 +226,7 @@ export class Responder {
 
   /** Drops the message in progress (QP reset/error). */
   abandon(qp: ResponderState): void {
-    qp.respRecv = undefined;
+    this.endRecv(qp);
     this.endWrite(qp);
     qp.respOpcode = -1;
     qp.respJobs = NO_JOBS;
@@ -285,7 +294,7 @@ export class Responder {
   /** UC: the message in progress is abandoned; its receive WQE is reused by the next message. */
   private abandonUc(qp: ResponderQp): void {
     if (qp.respOpcode !== -1) qp.counters.ucDroppedMsg++;
-    qp.respRecv = undefined;
+    this.endRecv(qp);
     this.endWrite(qp);
     qp.respOpcode = -1;
   }
@@ -350,7 +359,7 @@ export class Responder {
       return undefined;
     }
     const needsWqe = info.kind === 'send' ? info.start : info.consumesRecv && info.end;
-    if (needsWqe && !qp.respRecv) {
+    if (needsWqe && qp.respRecvWqe === undefined) {
       const wqe = rq.peek();
       if (!wqe) return { v: 'rnr' };
       if (!wqe.segments) {
@@ -359,7 +368,9 @@ export class Responder {
         if (!segs) return fatalVerdict(NAK_CODE.REMOTE_OPERATIONAL_ERROR, 'LOC_PROT_ERR', 'remoteOpErr', 'receive WQE has a bad L_Key');
         wqe.segments = segs;
       }
-      qp.respRecv = { wqe, segments: wqe.segments, offset: 0 };
+      qp.respRecvWqe = wqe;
+      qp.respRecvSegments = wqe.segments;
+      qp.respRecvOffset = 0;
     }
     return undefined;
   }
@@ -446,21 +457,20 @@ export class Responder {
   private execute(qp: ResponderQp, rq: WorkQueue<RecvWqe>, pkt: RocePacket, info: OpcodeInfo, rx: RxInfo): ResponderOutcome {
     switch (info.kind) {
       case 'send': {
-        const r = qp.respRecv!;
         if (qp.type === 'UD') {
           // The receive buffer starts with the 40-byte GRH area: an IPv4 packet's header goes
           // at offset 20 (the first 20 bytes zero), an IPv6 header fills all 40 (as rxe does).
           const grh = buildGrh(rx);
-          if (!scatter(r.segments, 0, grh)) return this.handle(qp, rq, pkt, info, { v: 'localLength' });
-          r.offset = GRH_LEN;
+          if (!scatter(qp.respRecvSegments, 0, grh)) return this.handle(qp, rq, pkt, info, { v: 'localLength' });
+          qp.respRecvOffset = GRH_LEN;
         }
-        if (!scatter(r.segments, r.offset, pkt.payload)) {
+        if (!scatter(qp.respRecvSegments, qp.respRecvOffset, pkt.payload)) {
           if (qp.type === 'RC') {
             return this.handle(qp, rq, pkt, info, fatalVerdict(NAK_CODE.INVALID_REQUEST, 'LOC_LEN_ERR', 'badLength', 'message longer than the receive WQE'));
           }
           return this.handle(qp, rq, pkt, info, { v: 'localLength' });
         }
-        r.offset += pkt.payload.length;
+        qp.respRecvOffset += pkt.payload.length;
         break;
       }
       case 'write': {
@@ -507,9 +517,10 @@ export class Responder {
   }
 
   private completeRecv(qp: ResponderQp, rq: WorkQueue<RecvWqe>, pkt: RocePacket, info: OpcodeInfo, status: WcStatus): void {
-    const r = qp.respRecv;
-    qp.respRecv = undefined;
-    const wqe = r?.wqe ?? rq.peek();
+    const inProgress = qp.respRecvWqe;
+    const received = qp.respRecvOffset;
+    this.endRecv(qp);
+    const wqe = inProgress ?? rq.peek();
     if (!wqe) return;
     rq.shift();
     const isWriteImm = info.kind === 'write';
@@ -520,7 +531,7 @@ export class Responder {
     wc.status = status;
     wc.opcode = isWriteImm ? 'RECV_RDMA_WITH_IMM' : 'RECV';
     wc.vendorErr = 0;
-    wc.byteLen = status !== 'SUCCESS' ? 0 : isWriteImm ? (qp.respWriting ? qp.respWriteLength : 0) : (r?.offset ?? 0);
+    wc.byteLen = status !== 'SUCCESS' ? 0 : isWriteImm ? (qp.respWriting ? qp.respWriteLength : 0) : (inProgress !== undefined ? received : 0);
     wc.qpNum = qp.qpn;
     wc.srcQp = pkt.deth?.srcQp ?? 0;
     wc.wcFlags = 0;
@@ -649,7 +660,7 @@ export class Responder {
         qp.counters[v.counter]++;
         // Classes A, C, J (9.9.3.1): NAK, complete the receive WQE in progress in error, QP → ERR.
         if (qp.type === 'RC') this.sendAck(qp, nakSyndrome(v.nak), pkt.bth.psn);
-        if (qp.respRecv) this.completeRecv(qp, rq, pkt, info, v.status);
+        if (qp.respRecvWqe !== undefined) this.completeRecv(qp, rq, pkt, info, v.status);
         return { kind: 'fatal', reason: v.why };
     }
   }
