@@ -33,7 +33,7 @@ import {
   type AsyncEvent, type Endpoint, type Sge, type Psn, type QpAttr, type QpCap, type QpState, type QpType, type Qpn, type RecvWr, type SendWr,
   type WcOpcode, type WcStatus, type WorkCompletion, type WrOpcode,
 } from './types.js';
-import { grownRing, WorkQueue, type RecvWqe, type SendWqe } from './wqe.js';
+import { grownRing, releaseRecvWqe, releaseSendWqe, takeRecvWqe, takeSendWqe, WorkQueue, type RecvWqe, type SendWqe } from './wqe.js';
 
 /** "Run me as soon as you can" from `pollAt`. */
 export const ASAP: Micros = 0;
@@ -244,7 +244,7 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState,
     switch (next) {
       case 'RESET':
         this.sqClear();
-        this.rq.clear();
+        for (let w = this.rq.shift(); w; w = this.rq.shift()) releaseRecvWqe(w);
         this.responder.reset(this, 0, 0);
         this.requester.reset(this, 0, this.sqHead);
         this.completer.reset(this, 0, 0, 0);
@@ -343,6 +343,8 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState,
 
   /** Post Send (11.4.1.1). All WRs are validated before any is queued. */
   postSend(now: Micros, wrs: readonly SendWr[]): void {
+    // A list of one, the usual post, without the mapped array.
+    if (wrs.length === 1) return this.postSendOne(now, wrs[0]!);
     this.checkPost(now, wrs.length);
     // Every WR is checked before any is queued: a bad one posts none (11.4.1.1).
     const wqes = wrs.map((wr, i) => this.toSendWqe(wr, i));
@@ -414,37 +416,38 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState,
     if (wr.opcode === 'SEND_WITH_INV' && wr.invalidateRkey === undefined) bad('SEND_WITH_INV needs invalidateRkey');
     if (this.type === 'UD' && !wr.ud) bad('a UD send needs ud { ah, remoteQpn, remoteQkey }');
     const readOrAtomic = isReadOrAtomic(wr.opcode);
-    return {
-      wrId: wr.wrId,
-      opcode: wr.opcode,
-      signaled: this.attrs.sqSigAll || (flags & SEND_FLAGS.SIGNALED) !== 0,
-      fence: (flags & SEND_FLAGS.FENCE) !== 0,
-      solicited: (flags & SEND_FLAGS.SOLICITED) !== 0,
-      sges,
-      inlineData,
-      length,
-      immData: wr.immData !== undefined ? wr.immData >>> 0 : undefined,
-      invalidateRkey: wr.opcode === 'SEND_WITH_INV' ? wr.invalidateRkey! >>> 0 : undefined,
-      remoteAddr: rdma?.remoteAddr ?? atomic?.remoteAddr ?? 0n,
-      rkey: (rdma?.rkey ?? atomic?.rkey ?? 0) >>> 0,
-      compareAdd: atomic?.compareAdd ?? 0n,
-      swap: atomic?.swap ?? 0n,
-      ah: wr.ud?.ah,
-      remoteQpn: wr.ud?.remoteQpn ?? 0,
-      remoteQkey: wr.ud?.remoteQkey ?? 0,
-      readOrAtomic,
-      segments: undefined,
-      region: undefined,
-      state: 'posted',
-      npkts: 0,
-      firstPsn: 0,
-      lastPsn: 0,
-      nextPkt: 0,
-      holdsRdAtomic: false,
-      readPlaced: 0,
-      status: 'SUCCESS',
-      vendorErr: 0,
-    };
+    // The WR is checked: nothing below throws.
+    const w = takeSendWqe();
+    w.wrId = wr.wrId;
+    w.opcode = wr.opcode;
+    w.signaled = this.attrs.sqSigAll || (flags & SEND_FLAGS.SIGNALED) !== 0;
+    w.fence = (flags & SEND_FLAGS.FENCE) !== 0;
+    w.solicited = (flags & SEND_FLAGS.SOLICITED) !== 0;
+    w.sges = sges;
+    w.inlineData = inlineData;
+    w.length = length;
+    w.immData = wr.immData !== undefined ? wr.immData >>> 0 : undefined;
+    w.invalidateRkey = wr.opcode === 'SEND_WITH_INV' ? wr.invalidateRkey! >>> 0 : undefined;
+    w.remoteAddr = rdma?.remoteAddr ?? atomic?.remoteAddr ?? 0n;
+    w.rkey = (rdma?.rkey ?? atomic?.rkey ?? 0) >>> 0;
+    w.compareAdd = atomic?.compareAdd ?? 0n;
+    w.swap = atomic?.swap ?? 0n;
+    w.ah = wr.ud?.ah;
+    w.remoteQpn = wr.ud?.remoteQpn ?? 0;
+    w.remoteQkey = wr.ud?.remoteQkey ?? 0;
+    w.readOrAtomic = readOrAtomic;
+    w.segments = undefined;
+    w.region = undefined;
+    w.state = 'posted';
+    w.npkts = 0;
+    w.firstPsn = 0;
+    w.lastPsn = 0;
+    w.nextPkt = 0;
+    w.holdsRdAtomic = false;
+    w.readPlaced = 0;
+    w.status = 'SUCCESS';
+    w.vendorErr = 0;
+    return w;
   }
 
   /** Send WQEs posted and not yet completed. */
@@ -481,7 +484,7 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState,
   }
 
   private sqClear(): void {
-    while (this.sqShift() !== undefined);
+    for (let w = this.sqShift(); w; w = this.sqShift()) releaseSendWqe(w);
   }
 
   /** Post Receive (11.4.1.2). */
@@ -501,7 +504,11 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState,
     for (let i = 0; i < wrs.length; i++) {
       const wr = wrs[i]!;
       const sges = wr.sgList ?? NO_SGES;
-      const wqe: RecvWqe = { wrId: wr.wrId, sges, length: sgeTotal(sges), segments: undefined };
+      const wqe = takeRecvWqe();
+      wqe.wrId = wr.wrId;
+      wqe.sges = sges;
+      wqe.length = sgeTotal(sges);
+      wqe.segments = undefined;
       this.rq.push(wqe);
     }
     if (this._state === 'ERR') this.flushRecv();
@@ -716,6 +723,7 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState,
     }
     if (wqe.opcode.startsWith('SEND')) this.counters.rdmaSends++;
     if (wqe.signaled) this.completeSend(wqe, 'SUCCESS', 0);
+    releaseSendWqe(wqe);
   }
 
   private retireDone(): void {
@@ -730,6 +738,7 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState,
       this.sqShift();
       if (wqe.holdsRdAtomic) this.reqRdAtomic--;
       this.completeSend(wqe, status, vendorErr);
+      releaseSendWqe(wqe);
     }
     if (this.type === 'RC') this.fail(`${why} (${status})`);
     else this.setState('SQE', `${why} (${status})`);
@@ -770,6 +779,7 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState,
     for (let w = this.sqShift(); w; w = this.sqShift()) {
       if (w.holdsRdAtomic) w.holdsRdAtomic = false;
       this.completeSend(w, 'WR_FLUSH_ERR', 0);
+      releaseSendWqe(w);
     }
     this.reqRdAtomic = 0;
     this.reqCursor = this.sqHead;
@@ -780,6 +790,7 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState,
       this.pushCompletion(this.recvCq, {
         wrId: w.wrId, status: 'WR_FLUSH_ERR', opcode: 'RECV', vendorErr: 0, byteLen: 0, qpNum: this.qpn, srcQp: 0, wcFlags: 0, pkeyIndex: 0,
       });
+      releaseRecvWqe(w);
     }
   }
 

@@ -29,7 +29,7 @@ import { newWorkCompletion } from './cq.js';
 import { blankFields, clearParts, PAD, SHARED_HEADER_BUILDER } from './headers.js';
 import { resolveSges, scatter, type MemoryRegion, type RemoteVa } from './mr.js';
 import { ACCESS, WC_FLAGS, type Psn, type WcStatus } from './types.js';
-import type { RecvWqe, WorkQueue } from './wqe.js';
+import { releaseRecvWqe, type RecvWqe, type WorkQueue } from './wqe.js';
 
 /** What the QP must do after a request. */
 export type ResponderOutcome = { kind: 'ok' } | { kind: 'fatal'; reason: string };
@@ -552,6 +552,7 @@ export class Responder {
       qp.counters.rdmaRecvs++;
     }
     qp.postRecvCompletion(wc);
+    releaseRecvWqe(wqe);
   }
 
   private startRead(qp: ResponderQp, pkt: RocePacket): ResponderOutcome {
