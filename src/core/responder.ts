@@ -74,7 +74,7 @@ function resourceVa(res: Resource): bigint {
 /** `respRecvSegments` of a QP with no SEND in progress. */
 export const NO_SEGMENTS: readonly Uint8Array[] = Object.freeze([]);
 
-/** READ response packets still to send. */
+/** READ response packets still to send (taken from, and given back to, `JOBS`). */
 export interface ReadJob {
   res: Resource;
   mr: MemoryRegion;
@@ -101,6 +101,41 @@ export const GRH_LEN = 40;
 
 /** The empty job list every responder starts with (frozen: a push onto it throws rather than leaks). */
 export const NO_JOBS: ReadJob[] = Object.freeze([]) as unknown as ReadJob[];
+
+/** What a job given back holds, so that the free list keeps no region or resource reachable. */
+const NO_RESOURCE: Resource = newResource();
+
+function newResource(): Resource {
+  return { kind: 'read', firstPsn: 0, lastPsn: 0, vaHi: 0, vaLo: 0, length: 0, rkey: 0, origValue: 0n };
+}
+
+/**
+ * READ jobs given back, shared by every QP of the process as the WQEs' free lists are (wqe.ts): a job
+ * per READ was 40 B of garbage per READ at the target, as its resource was until the ring's slots were
+ * refilled in place. Bounded: a burst of jobs beyond it is left to the collector.
+ */
+const JOBS: ReadJob[] = [];
+const JOBS_KEPT = 1024;
+
+function takeJob(res: Resource, mr: MemoryRegion, psn: Psn, off: number, resid: number): ReadJob {
+  let j = JOBS.pop();
+  if (j === undefined) j = { res, mr, psn, off, resid, fresh: true, fromStart: false };
+  j.res = res;
+  j.mr = mr;
+  j.psn = psn;
+  j.off = off;
+  j.resid = resid;
+  j.fresh = true;
+  j.fromStart = psn === res.firstPsn;
+  return j;
+}
+
+/** A job off its QP's list, back to the free list, holding nothing of its QP's. */
+function releaseJob(j: ReadJob): void {
+  j.res = NO_RESOURCE;
+  j.mr = EMPTY_MR;
+  if (JOBS.length < JOBS_KEPT) JOBS.push(j);
+}
 
 // Scratch shared by every QP of the process, as the header builder is (its comment says why that is
 // safe): with thousands of QPs taking turns, a record and a list of each QP's own were cold in cache
@@ -201,7 +236,7 @@ export class Responder {
     qp.respResources = [];
     qp.respResCap = Math.max(0, maxDestRdAtomic);
     qp.respResHead = 0;
-    qp.respJobs = NO_JOBS;
+    this.dropJobs(qp);
     qp.respAckPending = false;
   }
 
@@ -229,6 +264,13 @@ export class Responder {
     this.endRecv(qp);
     this.endWrite(qp);
     qp.respOpcode = -1;
+    this.dropJobs(qp);
+  }
+
+  /** No READ responses left to send: the jobs go back to the free list. */
+  private dropJobs(qp: ResponderState): void {
+    const jobs = qp.respJobs;
+    for (let i = 0; i < jobs.length; i++) releaseJob(jobs[i]!);
     qp.respJobs = NO_JOBS;
   }
 
@@ -561,11 +603,15 @@ export class Responder {
     const npkts = Math.max(1, Math.ceil(r.dmaLength / mtu));
     // C9-148: a READ counts as a completed message as soon as it is accepted.
     qp.respMsn = (qp.respMsn + 1) & 0xffffff;
-    const res: Resource = {
-      kind: 'read', firstPsn: pkt.bth.psn, lastPsn: psnAdd(pkt.bth.psn, npkts - 1),
-      vaHi: r.vaHi ?? Number(r.va >> 32n), vaLo: r.vaLo ?? Number(r.va & 0xffff_ffffn), length: r.dmaLength, rkey: r.rkey, origValue: 0n,
-    };
-    this.remember(qp, res);
+    const res = this.nextResource(qp);
+    res.kind = 'read';
+    res.firstPsn = pkt.bth.psn;
+    res.lastPsn = psnAdd(pkt.bth.psn, npkts - 1);
+    res.vaHi = r.vaHi ?? Number(r.va >> 32n);
+    res.vaLo = r.vaLo ?? Number(r.va & 0xffff_ffffn);
+    res.length = r.dmaLength;
+    res.rkey = r.rkey;
+    res.origValue = 0n;
     qp.respPsn = psnAdd(pkt.bth.psn, npkts);
     qp.respOpcode = -1;
     this.queueRead(qp, res, pkt.bth.psn, r, r.dmaLength);
@@ -582,7 +628,7 @@ export class Responder {
       off = l.offset;
     }
     if (qp.respJobs === NO_JOBS) qp.respJobs = [];
-    qp.respJobs.push({ res, mr: mr ?? EMPTY_MR, psn, off, resid: len, fresh: true, fromStart: psn === res.firstPsn });
+    qp.respJobs.push(takeJob(res, mr ?? EMPTY_MR, psn, off, len));
     return true;
   }
 
@@ -595,8 +641,15 @@ export class Responder {
     const orig = dv.getBigUint64(0, true);
     const next = info.name.endsWith('COMPARE_SWAP') ? (orig === a.compare ? a.swapAdd : orig) : BigInt.asUintN(64, orig + a.swapAdd);
     dv.setBigUint64(0, next, true);
-    const res: Resource = { kind: 'atomic', firstPsn: pkt.bth.psn, lastPsn: pkt.bth.psn, vaHi: Number(a.va >> 32n), vaLo: Number(a.va & 0xffff_ffffn), length: 8, rkey: a.rkey, origValue: orig };
-    this.remember(qp, res);
+    const res = this.nextResource(qp);
+    res.kind = 'atomic';
+    res.firstPsn = pkt.bth.psn;
+    res.lastPsn = pkt.bth.psn;
+    res.vaHi = Number(a.va >> 32n);
+    res.vaLo = Number(a.va & 0xffff_ffffn);
+    res.length = 8;
+    res.rkey = a.rkey;
+    res.origValue = orig;
     qp.respMsn = (qp.respMsn + 1) & 0xffffff;
     qp.respPsn = psnAdd(pkt.bth.psn, 1);
     qp.respOpcode = -1;
@@ -604,13 +657,23 @@ export class Responder {
     return OK;
   }
 
-  /** The responder resource ring holds maxDestRdAtomic entries; the oldest is recycled. */
-  private remember(qp: ResponderState, res: Resource): void {
+  /**
+   * The slot for a new READ or atomic, for the caller to fill: the resource ring holds maxDestRdAtomic
+   * entries and the oldest is recycled, refilled in place as rxe refills its `resources` array (a
+   * record per READ was 44 B of garbage at the target). What a job still queued for the old request
+   * needs it copied when it was made; and `onRequest` sends every queued response before it looks
+   * at a request, so none is.
+   */
+  private nextResource(qp: ResponderState): Resource {
     const cap = qp.respResCap;
-    if (cap === 0) return;
-    if (qp.respResources.length < cap) qp.respResources.push(res);
-    else qp.respResources[qp.respResHead] = res;
-    qp.respResHead = (qp.respResHead + 1) % cap;
+    if (cap === 0) return newResource(); // checkResource refuses the request first; kept nowhere
+    const ring = qp.respResources;
+    const at = qp.respResHead;
+    qp.respResHead = (at + 1) % cap;
+    if (at < ring.length) return ring[at]!;
+    const res = newResource();
+    ring.push(res);
+    return res;
   }
 
   private findResource(qp: ResponderState, psn: Psn): Resource | undefined {
@@ -682,7 +745,7 @@ export class Responder {
         qp.counters.dupNoResource++;
         return OK;
       }
-      for (let i = qp.respJobs.length - 1; i >= 0; i--) if (qp.respJobs[i]!.res === res) qp.respJobs.splice(i, 1);
+      for (let i = qp.respJobs.length - 1; i >= 0; i--) if (qp.respJobs[i]!.res === res) releaseJob(qp.respJobs.splice(i, 1)[0]!);
       if (!this.queueRead(qp, res, pkt.bth.psn, r, r.dmaLength)) {
         qp.counters.dupNoResource++;
         return OK;
@@ -785,7 +848,7 @@ export class Responder {
       job.psn = psnAdd(job.psn, 1);
       job.off += n;
       job.resid -= n;
-      if (isLast) qp.respJobs.shift();
+      if (isLast) releaseJob(qp.respJobs.shift()!);
     }
     return sent;
   }

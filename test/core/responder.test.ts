@@ -212,6 +212,47 @@ t.test('READ: response packets, then a duplicate READ is re-executed from its PS
   t.equal(h.counters.dupReadReplay, 1);
 });
 
+t.test('READ/atomic resources: a ring of maxDestRdAtomic records refilled in place, the oldest first; duplicates find only what it holds', async (t) => {
+  const h = new EngineHarness('RC', { maxDestRdAtomic: 2 });
+  const mr = h.mr(pattern(600, 5));
+  const read = (psn: number, off: number, len: number): string[] => {
+    h.send({ bth: bth('RC_RDMA_READ_REQUEST', psn, { ackReq: true }), reth: { va: mr.va(off), rkey: mr.rkey, dmaLength: len } });
+    const out = h.poll();
+    t.same(Buffer.concat(out.map((p) => p.payload)), Buffer.from(mr.buffer.subarray(off, off + len)), `READ @${psn}: the bytes asked for`);
+    return h.names(out);
+  };
+  t.same(read(E, 0, 300), ['RDMA_READ_RESPONSE_FIRST@500', 'RDMA_READ_RESPONSE_LAST@501']);
+  t.same(read(E + 2, 100, 200), ['RDMA_READ_RESPONSE_ONLY@502']);
+  const ring = h.qp.respResources;
+  const [r0, r1] = ring;
+  t.equal(ring.length, 2);
+  // A third READ takes the oldest slot: the same record, now this request's.
+  t.same(read(E + 3, 256, 344), ['RDMA_READ_RESPONSE_FIRST@503', 'RDMA_READ_RESPONSE_LAST@504']);
+  t.equal(ring.length, 2, 'the ring does not grow past maxDestRdAtomic');
+  t.equal(ring[0], r0, 'slot 0 refilled in place');
+  t.match(ring[0], { kind: 'read', firstPsn: E + 3, lastPsn: E + 4, length: 344, rkey: mr.rkey });
+  // A duplicate of the READ the slot held before is no longer answerable; the one it holds now is.
+  h.send({ bth: bth('RC_RDMA_READ_REQUEST', E, { ackReq: true }), reth: { va: mr.va(0), rkey: mr.rkey, dmaLength: 300 } });
+  t.same(h.poll(), [], 'READ @500 evicted: not replayed');
+  t.equal(h.counters.dupNoResource, 1);
+  t.same(read(E + 4, 512, 88), ['RDMA_READ_RESPONSE_LAST@504'], 'READ @503 replayed from its second packet');
+  t.same(read(E + 2, 100, 200), ['RDMA_READ_RESPONSE_ONLY@502'], 'READ @502, still in slot 1, replayed');
+  t.equal(h.counters.dupReadReplay, 2);
+  // An atomic takes the next slot (slot 1) in place: its replay carries its own result.
+  const dv = new DataView(mr.buffer.buffer, mr.buffer.byteOffset);
+  const before = dv.getBigUint64(8, true);
+  h.send({ bth: bth('RC_FETCH_ADD', E + 5), atomicEth: { va: mr.va(8), rkey: mr.rkey, swapAdd: 1n, compare: 0n } });
+  h.take();
+  t.equal(ring[1], r1, 'slot 1 refilled in place by the atomic');
+  t.match(ring[1], { kind: 'atomic', firstPsn: E + 5, origValue: before });
+  h.send({ bth: bth('RC_FETCH_ADD', E + 5), atomicEth: { va: mr.va(8), rkey: mr.rkey, swapAdd: 1n, compare: 0n } });
+  t.equal(h.take()[0]!.atomicAckEth!.originalData, before, 'the replay carries the original value');
+  t.equal(dv.getBigUint64(8, true), before + 1n, 'applied once');
+  h.send({ bth: bth('RC_RDMA_READ_REQUEST', E + 2, { ackReq: true }), reth: { va: mr.va(100), rkey: mr.rkey, dmaLength: 200 } });
+  t.same(h.poll(), [], 'READ @502, whose slot the atomic took: not replayed');
+  t.equal(h.counters.dupNoResource, 2);
+});
+
 t.test('atomics: executed once, duplicates replayed from the cache', async (t) => {
   const h = new EngineHarness('RC');
   const mr = h.mr(16);
