@@ -74,6 +74,8 @@ const rcTarget: Workload = async (args: TargetArgs, ctx: ChildContext) => {
     // Every receive lands in the same region: the benchmark moves bytes, it does not read them.
     const recv: RecvWr = { wrId: 1, sgList: [region.sge(0, args.size)] };
     const recvs: RecvWr[] = new Array<RecvWr>(args.recvDepth).fill(recv);
+    // The list of the first n, made once per n (as the initiator's, below).
+    const recvLists: RecvWr[][] = [];
     if (args.op === 'SEND') postRecv(qp, recvs);
     const psn = psnFor(qp.qpNum, 0x5a5a);
     const info: TargetInfo = { address: RX_ADDRESS, port: s.ctx.port, qpn: qp.qpNum, psn, rkey: region.rkey, va: region.va(0).toString() };
@@ -99,7 +101,7 @@ const rcTarget: Workload = async (args: TargetArgs, ctx: ChildContext) => {
         for (let i = 0; i < got; i++) if (wcs[i]!.status !== 'SUCCESS') throw new Error(`target receive: completion ${wcs[i]!.status}`);
         const n = 1 + got;
         received += n;
-        postRecv(qp, n === recvs.length ? recvs : recvs.slice(0, n));
+        postRecv(qp, recvLists[n] ??= recvs.slice(0, n));
       }
     } else {
       await ctx.stopped;
@@ -148,7 +150,9 @@ const rcInitiator: Workload = async (args: InitiatorArgs, ctx: ChildContext): Pr
     // One WR object, posted as many times as there is room: posting copies it into a WQE.
     const wr = wrOf(args.size);
     const batch: SendWr[] = new Array<SendWr>(args.depth).fill(wr);
-    const post = (n: number): void => postSend(qp, n === batch.length ? batch : batch.slice(0, n));
+    // The list of the first n, made once per n: a slice per post was the benchmark's own garbage.
+    const lists: SendWr[][] = [];
+    const post = (n: number): void => postSend(qp, (lists[n] ??= batch.slice(0, n)));
     const r = await pump(s.cq, post, args.depth, args.warmupMs, args.windowMs, `${args.op} ${args.size} B`);
     return { ...r, health: healthOf(s) };
   } finally {

@@ -40,6 +40,8 @@ export const ASAP: Micros = 0;
 
 /** The SGE list of a receive WR that has none (a zero-length receive), shared. */
 const NO_SGES: readonly Sge[] = Object.freeze([]);
+/** The WQEs of a list being posted, between their checks and their queueing (`postSend`). */
+const TAKEN: (SendWqe | undefined)[] = [];
 
 /** How the QP reaches the outside world; the runtime implements it. */
 export interface QpIo {
@@ -345,10 +347,26 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState,
   postSend(now: Micros, wrs: readonly SendWr[]): void {
     // A list of one, the usual post, without the mapped array.
     if (wrs.length === 1) return this.postSendOne(now, wrs[0]!);
-    this.checkPost(now, wrs.length);
-    // Every WR is checked before any is queued: a bad one posts none (11.4.1.1).
-    const wqes = wrs.map((wr, i) => this.toSendWqe(wr, i));
-    for (const w of wqes) this.sqPush(w);
+    const n = wrs.length;
+    this.checkPost(now, n);
+    // Every WR is checked before any is queued: a bad one posts none (11.4.1.1), and the WQEs taken
+    // for those before it go back. They wait in a list shared by every QP (a post never runs inside
+    // another) rather than a mapped array and its closure, garbage per post.
+    const taken = TAKEN;
+    let i = 0;
+    try {
+      for (; i < n; i++) taken[i] = this.toSendWqe(wrs[i]!, i);
+    } catch (e) {
+      for (let k = 0; k < i; k++) {
+        releaseSendWqe(taken[k]!);
+        taken[k] = undefined;
+      }
+      throw e;
+    }
+    for (let k = 0; k < n; k++) {
+      this.sqPush(taken[k]!);
+      taken[k] = undefined;
+    }
     this.afterPost();
   }
 

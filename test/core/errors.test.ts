@@ -9,6 +9,7 @@ import { ACCESS, type QpState, type SendWr, type WrOpcode } from '../../src/core
 import { ackTimeoutUs } from '../../src/core/time.js';
 import { InvalidTransitionError, InvalidWrError, RoceError } from '../../src/core/errors.js';
 import { WR_OPCODES_FOR } from '../../src/core/requester.js';
+import { releaseSendWqe, takeSendWqe } from '../../src/core/wqe.js';
 import { ALL_ACCESS, collect, connectPair, memoryPair, pattern, runUntil } from '../helpers/engine.js';
 
 async function rcPair(o: Parameters<typeof connectPair>[2] = {}) {
@@ -287,4 +288,27 @@ t.test('a receive list with one WR over maxRecvSge: InvalidWrError naming it, no
   const wcs = collect(p.clock, p.b.cq, 2);
   t.match(wcs, [{ wrId: 3, status: 'SUCCESS', byteLen: 0 }, { wrId: 1, status: 'SUCCESS', byteLen: 16 }]);
   t.same([...mr.buffer.subarray(0, 16)], [...pattern(16, 5)]);
+});
+
+t.test('a send list with a bad WR: InvalidWrError naming it, nothing queued, the WQEs taken for the WRs before it back in the free list; a good list posts in order', async (t) => {
+  const { p, qa, qb } = await rcPair();
+  const src = regMr(p.a.pd, pattern(64, 6), ALL_ACCESS);
+  const dst = regMr(p.b.pd, new Uint8Array(64), ALL_ACCESS);
+  const write = (wrId: number, off: number): SendWr => ({ wrId, opcode: 'RDMA_WRITE', sgList: [src.sge(off, 16)], rdma: { remoteAddr: dst.va(off), rkey: dst.rkey } });
+  // The free list hands out last what came back last: `w` is what the next post takes first.
+  const w = takeSendWqe();
+  releaseSendWqe(w);
+  const e = throws(() => postSend(qa, [write(1, 0), { wrId: 2, opcode: 'RDMA_WRITE', sgList: [src.sge(16, 16)] }, write(3, 32)]));
+  t.ok(e instanceof InvalidWrError, 'InvalidWrError');
+  t.match(String(e), 'send WR 1: RDMA_WRITE needs rdma');
+  t.equal(qa.core.sqLength, 0, 'nothing queued, not even the WR before it');
+  const again = takeSendWqe();
+  t.equal(again, w, 'the WQE taken for WR 0 went back to the free list');
+  releaseSendWqe(again);
+  postSend(qa, [write(4, 0), write(5, 16), write(6, 32)]);
+  t.equal(qa.core.sqLength, 3, 'a good list: all three queued');
+  const wcs = collect(p.clock, p.a.cq, 3);
+  t.match(wcs, [{ wrId: 4, status: 'SUCCESS' }, { wrId: 5, status: 'SUCCESS' }, { wrId: 6, status: 'SUCCESS' }]);
+  t.same([...dst.buffer.subarray(0, 48)], [...src.buffer.subarray(0, 48)]);
+  t.equal(qb.state, 'RTS');
 });
