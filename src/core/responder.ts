@@ -111,8 +111,8 @@ function newResource(): Resource {
 
 /**
  * READ jobs given back, shared by every QP of the process as the WQEs' free lists are (wqe.ts): a job
- * per READ was 40 B of garbage per READ at the target, as its resource was until the ring's slots were
- * refilled in place. Bounded: a burst of jobs beyond it is left to the collector.
+ * made per READ was 40 B of garbage at the target. Bounded: a burst of jobs beyond it is left to the
+ * collector.
  */
 const JOBS: ReadJob[] = [];
 const JOBS_KEPT = 1024;
@@ -660,9 +660,9 @@ export class Responder {
   /**
    * The slot for a new READ or atomic, for the caller to fill: the resource ring holds maxDestRdAtomic
    * entries and the oldest is recycled, refilled in place as rxe refills its `resources` array (a
-   * record per READ was 44 B of garbage at the target). What a job still queued for the old request
-   * needs it copied when it was made; and `onRequest` sends every queued response before it looks
-   * at a request, so none is.
+   * record per READ was 44 B of garbage at the target). A job still queued for the old request would
+   * not notice, having copied what it needs when it was made; and none is, since `onRequest` sends
+   * every queued response before it looks at a request.
    */
   private nextResource(qp: ResponderState): Resource {
     const cap = qp.respResCap;
