@@ -308,6 +308,9 @@ export class UdpLink implements WireLink {
   private readonly peers6 = new Map<string, PeerAddress>();
   private lastPeer6: PeerAddress | undefined;
   private readonly lastPeer6Addr = new Uint8Array(16);
+  /** `dgram`'s sources: address text → port → record (see `peerOfText`), and the last one read. */
+  private readonly peersByText = new Map<string, Map<number, PeerAddress>>();
+  private lastPeerText: PeerAddress | undefined;
   /**
    * The ICRC's key words of the flow from `rxKey6Peer` to this link, IPv6: built once per peer
    * rather than read out of two address arrays at every datagram (`verifyIcrc6`).
@@ -922,7 +925,31 @@ export class UdpLink implements WireLink {
   // --- receive ----------------------------------------------------------------------------
 
   private onMessage(msg: Buffer, rinfo: RemoteInfo, localPort: number): void {
-    this.onDatagram(msg, { address: rinfo.address, port: rinfo.port }, localPort);
+    this.onDatagram(msg, this.peerOfText(rinfo.address, rinfo.port), localPort);
+  }
+
+  /**
+   * `peerFor` for `dgram`'s reads, which give the source as text: the record of an address and port,
+   * cached, where a new one per datagram was an allocation per packet on this path. Two lookups
+   * rather than one keyed by `address|port`, whose string would be that allocation again.
+   */
+  private peerOfText(address: string, port: number): PeerAddress {
+    const last = this.lastPeerText;
+    if (last !== undefined && last.port === port && last.address === address) return last;
+    let byPort = this.peersByText.get(address);
+    if (byPort === undefined) {
+      if (this.peersByText.size >= 4096) this.peersByText.clear();
+      byPort = new Map();
+      this.peersByText.set(address, byPort);
+    }
+    let p = byPort.get(port);
+    if (p === undefined) {
+      if (byPort.size >= 4096) byPort.clear();
+      p = { address, port };
+      byPort.set(port, p);
+    }
+    this.lastPeerText = p;
+    return p;
   }
 
   /** `srcBytes`: the source address as the kernel gave it, where it did (batched reads). */
@@ -1002,9 +1029,9 @@ export class UdpLink implements WireLink {
     info.dstPort = localPort;
     info.ipId = idGuess;
     let v: number;
-    if (src === this.lastPeer6 && srcAddr.length === 16) {
-      // The peer `peerFor` found for this datagram (the batched path): the key words built for it
-      // hold while it stays the last peer, which is one address.
+    if (srcAddr.length === 16) {
+      // Sources are records cached per address and port (`peerFor`, `peerOfText`): the key words
+      // built for one hold while datagrams keep coming from it, which is one address.
       let key = this.rxKey6;
       if (key === undefined || this.rxKey6Peer !== src) {
         if (key === undefined) key = this.rxKey6 = new Ipv6IcrcKey(srcAddr, this.localAddr);

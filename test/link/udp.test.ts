@@ -10,7 +10,8 @@ import { openIpv4Observer, setsockoptInt, socketFd, SOL_UDP, UDP_NO_CHECK6_RX, U
 import { Xorshift32 } from '../../src/link/fault.js';
 import { checkIcrc, checkIcrcOfIpDatagram, icrcImplementation, icrcOfUdpPayload, writeIcrc, type UdpDatagramInfo } from '../../src/wire/icrc.js';
 import { parseIpAddress } from '../../src/wire/frame.js';
-import { closeSocket, concat, freePorts, plainSocket, psnOf, recorder, sendOnly, settle, until } from './helpers.js';
+import { closeSocket, concat, freePorts, plainSocket, psnOf, recorder, sendOnly, settle, until, type Received } from './helpers.js';
+import type { PeerAddress } from '../../src/link/link.js';
 
 const warnings: LinkWarning[] = [];
 const warn = (w: LinkWarning): void => {
@@ -93,13 +94,18 @@ t.test('IPv4 127.0.0.1 → 127.0.0.2 (all of 127/8 is local)', async (t) => {
   t.same(gotA[0]!.meta.src, { address: '127.0.0.2', port: b.local.port });
 });
 
-t.test('each datagram reports its own sender, as senders alternate by address and by port', async (t) => {
-  const rx = await open('127.0.0.3');
+for (const batchIo of [true, false]) t.test(`each datagram reports its own sender, as senders alternate by address and by port (${batchIo ? 'batched' : 'dgram'} path)`, async (t) => {
+  const rx = await open('127.0.0.3', { batchIo });
   const senders = await Promise.all(['127.0.0.1', '127.0.0.1'].map((a) => plainSocket(a)));
   // The third on another address with the first one's port.
   senders.push(await plainSocket('127.0.0.2', senders[0]!.address().port));
   t.teardown(() => Promise.all(senders.map(closeSocket)));
-  const got = recorder(rx);
+  const got: Received[] = [];
+  const records: PeerAddress[] = [];
+  rx.onReceive((payload, meta) => {
+    got.push({ payload: payload.slice(), meta: { ...meta, src: { ...meta.src } } });
+    records.push(meta.src);
+  });
   // Runs of one sender, then changes of the port only (0 ↔ 1), of the address only (0 ↔ 2), of both.
   const order = [0, 0, 1, 1, 0, 2, 2, 0, 1, 2];
   order.forEach((k, psn) => {
@@ -111,6 +117,9 @@ t.test('each datagram reports its own sender, as senders alternate by address an
   const want = new Map(order.map((k, psn) => [psn, { address: senders[k]!.address().address, port: senders[k]!.address().port }]));
   t.same(got.map((r) => r.meta.src), got.map((r) => want.get(psnOf(r.payload))), 'the sender of each, by its PSN');
   t.equal(new Set(got.map((r) => psnOf(r.payload))).size, order.length);
+  // A sender's datagrams share one record: the receive path makes none per datagram.
+  const bySender = senders.map((_, k) => new Set(records.filter((_, i) => order[psnOf(got[i]!.payload)] === k)));
+  t.same(bySender.map((r) => r.size), [1, 1, 1], 'one record per sender');
 });
 
 t.test('on the wire (raw socket): the link sends ID 0 + DF, a default socket does not', async (t) => {
@@ -227,15 +236,23 @@ t.test('IPv6 over ::1: UDP_NO_CHECK6_RX read back, exact ICRC, zero-checksum sen
 
   // The ICRC covers the source address, which the receive path keeps as key words per peer: an
   // ICRC computed for another address is dropped, and the good datagrams around it, from two peers
-  // in turn, are heard.
-  rxeLike.send(datagram({ address: '::2', port: from.port }, b.local, 5), b.local.port, '::1');
-  rxeLike.send(datagram(from, b.local, 6), b.local.port, '::1');
-  await until(() => got.length === 3, 2000, 'the good datagram after the bad one');
-  a.send(b.local, 0xc001, sendOnly(7, new Uint8Array(32).fill(1)));
-  rxeLike.send(datagram(from, b.local, 8), b.local.port, '::1');
-  await until(() => got.length === 5, 2000, 'two peers in turn');
-  t.same(got.slice(2).map((g) => psnOf(g.payload)), [6, 7, 8]);
-  t.equal(b.drops.badIcrc, 1, 'the ICRC computed for ::2');
+  // in turn, are heard; on the `dgram` path too.
+  for (const [rx, first] of [[b, 2], [await open('::1', { batchIo: false }), 0]] as const) {
+    const heardHere = rx === b ? got : recorder(rx);
+    rxeLike.send(datagram({ address: '::2', port: from.port }, rx.local, 5), rx.local.port, '::1');
+    rxeLike.send(datagram(from, rx.local, 6), rx.local.port, '::1');
+    await until(() => heardHere.length === first + 1, 2000, 'the good datagram after the bad one');
+    // One at a time: two senders' datagrams keep no order between them.
+    a.send(rx.local, 0xc001, sendOnly(7, new Uint8Array(32).fill(1)));
+    await until(() => heardHere.length === first + 2, 2000, 'the other peer');
+    rxeLike.send(datagram(from, rx.local, 8), rx.local.port, '::1');
+    await until(() => heardHere.length === first + 3, 2000, 'the first peer again');
+    a.send(rx.local, 0xc001, sendOnly(9, new Uint8Array(32).fill(1)));
+    await until(() => heardHere.length === first + 4, 2000, 'the other peer again');
+    t.same(heardHere.slice(first).map((g) => psnOf(g.payload)), [6, 7, 8, 9]);
+    t.same(heardHere.slice(first).map((g) => g.meta.icrc), ['ok', 'ok', 'ok', 'ok']);
+    t.equal(rx.drops.badIcrc, 1, 'the ICRC computed for ::2');
+  }
 
   // Control: a plain udp6 socket never hears it (the kernel drops it), only the next normal one.
   const deaf = await plainSocket('::1');
