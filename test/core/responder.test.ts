@@ -253,6 +253,34 @@ t.test('READ/atomic resources: a ring of maxDestRdAtomic records refilled in pla
   t.equal(h.counters.dupNoResource, 2);
 });
 
+t.test('a QP moved to ERR or RESET from inside the send of a READ response (a link or trace hook): no throw, nothing sent after it, its job given back once', async (t) => {
+  for (const next of ['ERR', 'RESET'] as const) {
+    for (const [len, last] of [[600, 'RDMA_READ_RESPONSE_LAST'], [100, 'RDMA_READ_RESPONSE_ONLY'], [600, 'RDMA_READ_RESPONSE_FIRST']] as const) {
+      const h = new EngineHarness('RC'); // path MTU 256
+      const mr = h.mr(pattern(600, 7));
+      h.onTransmit = (p) => {
+        if (h.names([p])[0]!.startsWith(`${last}@`)) h.qp.modify(0, { qpState: next });
+      };
+      h.send({ bth: bth('RC_RDMA_READ_REQUEST', E, { ackReq: true }), reth: { va: mr.va(0), rkey: mr.rkey, dmaLength: len } });
+      const out = h.poll();
+      t.equal(h.names(out).at(-1)!.split('@')[0], last, `${next} at ${last}: the packet whose send moved the QP is the last one sent`);
+      t.equal(h.qp.state, next);
+      t.equal(h.qp.respJobs.length, 0, 'no job left on the QP');
+    }
+  }
+  // Two QPs with a READ each waiting to be answered at once: had a job gone back to the free list
+  // twice above, both would hold the same record and one would answer with the other's bytes.
+  const a = new EngineHarness('RC');
+  const b = new EngineHarness('RC');
+  const ma = a.mr(pattern(600, 8));
+  const mb = b.mr(pattern(600, 9));
+  a.send({ bth: bth('RC_RDMA_READ_REQUEST', E, { ackReq: true }), reth: { va: ma.va(0), rkey: ma.rkey, dmaLength: 600 } });
+  b.send({ bth: bth('RC_RDMA_READ_REQUEST', E, { ackReq: true }), reth: { va: mb.va(0), rkey: mb.rkey, dmaLength: 600 } });
+  t.not(a.qp.respJobs[0], b.qp.respJobs[0], 'two jobs, not one record twice');
+  t.same(Buffer.concat(a.poll().map((p) => p.payload)), Buffer.from(ma.buffer), 'QP A: its own bytes');
+  t.same(Buffer.concat(b.poll().map((p) => p.payload)), Buffer.from(mb.buffer), 'QP B: its own bytes');
+});
+
 t.test('atomics: executed once, duplicates replayed from the cache', async (t) => {
   const h = new EngineHarness('RC');
   const mr = h.mr(16);

@@ -173,6 +173,8 @@ export class EngineHarness {
   private sent: RocePacket[] = [];
   /** Every packet the QP sent, as its bytes (without the ICRC), in order. */
   readonly wire: Uint8Array[] = [];
+  /** Called with each packet the QP sends, from inside its send, as a link's or tracer's hook is. */
+  onTransmit: ((p: RocePacket) => void) | undefined;
 
   constructor(type: QpType, o: ConnectOptions & { maxDestRdAtomic?: number } = {}) {
     this.qp = new QueuePair({
@@ -191,6 +193,7 @@ export class EngineHarness {
           if (!r.ok) throw new Error(`engine sent a malformed packet: ${r.detail}`);
           this.sent.push({ ...r.packet, payload: r.packet.payload.slice() });
           this.wire.push(b.slice(0, len));
+          this.onTransmit?.(r.packet);
         },
         event: (ev) => this.events.push(ev),
       },
