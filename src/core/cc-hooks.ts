@@ -234,6 +234,9 @@ class ChargingContext implements EngineContext {
   get state(): QpState {
     return this.qp.state;
   }
+  get stateEpoch(): number {
+    return this.qp.stateEpoch;
+  }
   get pd(): ProtectionDomain {
     return this.qp.pd;
   }

@@ -39,6 +39,12 @@ export interface EngineContext {
   readonly qpn: Qpn;
   readonly type: QpType;
   readonly state: QpState;
+  /**
+   * Counts the QP's state changes. A send or a completion runs the application's code (a link, a
+   * trace printer, a completion handler), which may move the QP: an engine that goes on after one
+   * compares this count and stops if it moved.
+   */
+  readonly stateEpoch: number;
   readonly pd: ProtectionDomain;
   readonly mrs: MrTable;
   readonly counters: Counters;

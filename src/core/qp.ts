@@ -78,6 +78,12 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState,
   // (bench/PROFILE.md).
   readonly qpn: Qpn;
   private _state: QpState = 'RESET';
+  /**
+   * Counts the state changes (`setState`). A send or a completion runs the application's code (a
+   * link, a trace printer, a completion handler), which may move the QP: code that goes on after one
+   * compares this count, and leaves the QP to the later change if it moved.
+   */
+  stateEpoch = 0;
   /** The runtime's: whether the QP is in the device's ready queue, to run on its next turn. */
   queued = false;
   /** Also the runtime's: whether the QP is in the queue of QPs posted to, which runs in a microtask. */
@@ -235,12 +241,20 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState,
   // ---------------------------------------------------------------------------------------
   // State
 
-  /** The single writer of `state`; applies what entering `next` means. */
-  setState(next: QpState, reason: string): void {
+  /**
+   * The single writer of `state`; applies what entering `next` means. False, with nothing done, when
+   * the send of the pending ACK moved the QP first (that change, the later one, stands).
+   */
+  setState(next: QpState, reason: string): boolean {
     // A coalesced ACK answers what was received before the change: it goes out first.
-    if (this.respAckPending) this.responder.flushAck(this);
+    if (this.respAckPending) {
+      const epoch = this.stateEpoch;
+      this.responder.flushAck(this);
+      if (this.stateEpoch !== epoch) return false;
+    }
     const from = this._state;
     this._state = next;
+    this.stateEpoch++;
     this.stateReason = reason;
     if (from !== next) this.io.stateChanged?.(this.qpn, from, next, reason);
     switch (next) {
@@ -278,6 +292,7 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState,
       default:
         break;
     }
+    return true;
   }
 
   /** Modify QP (11.2.4.2): check everything, then apply. Throws and changes nothing on error. */
@@ -308,8 +323,7 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState,
     }
     if ((mask & (M.DEST_QPN | M.AV)) !== 0 && this.type !== 'UD') a.srcPort = connectedSourcePort(this.qpn, a.destQpNum);
     if (plan.to === 'SQD' && plan.from !== 'SQD') this.sqdNotifyPending = a.enSqdAsyncNotify;
-    this.setState(plan.to, 'modify');
-    if (plan.to === 'RTS' || plan.to === 'SQD') this.checkSqDrained();
+    if (this.setState(plan.to, 'modify') && (plan.to === 'RTS' || plan.to === 'SQD')) this.checkSqDrained();
   }
 
   /** Query QP (11.2.4.3): current attributes in libibverbs names. */
@@ -538,17 +552,18 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState,
   /** A packet the device has already matched to this QP (type, state, keys, address checked). */
   onPacket(now: Micros, pkt: RocePacket, info: OpcodeInfo, rx: RxInfo): void {
     this.now = now;
+    const epoch = this.stateEpoch;
     if (info.request) {
       this.responderBusy = true;
       const out = this.responder.onRequest(this, this.rq, pkt, info, rx);
-      if (out.kind === 'fatal') this.fail(`responder: ${out.reason}`);
+      if (out.kind === 'fatal') this.fail(`responder: ${out.reason}`, epoch);
       return;
     }
     if (this.type !== 'RC') {
       this.counters.unexpectedResponse++;
       return;
     }
-    this.apply(now, this.completer.onResponse(this, pkt, info));
+    this.apply(now, this.completer.onResponse(this, pkt, info), epoch);
   }
 
   /**
@@ -583,7 +598,7 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState,
         this.ackDeadline = undefined;
         if (this.outstanding()) {
           if (this.ackBackoff < MAX_ACK_BACKOFF) this.ackBackoff++;
-          this.apply(now, this.completer.onTimeout(this));
+          this.apply(now, this.completer.onTimeout(this), this.stateEpoch);
         }
       }
     }
@@ -595,15 +610,19 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState,
       // from the send queue, cold in cache with thousands of QPs.
       if (this.reqCursor < this.sqEnd) {
         const high = this.reqHighPsn;
+        const epoch = this.stateEpoch;
         const r = this.cc ? this.cc.emit(now, budget) : this.requester.emit(this, this, this.compPsn, budget);
         sent += r.sent;
-        // Times the first PSN sent for the first time (a READ's first response answers it).
-        if (r.expectsResponse && this.rttPsn < 0 && this.reqHighPsn !== high) {
-          this.rttPsn = high;
-          this.rttSentAt = now;
+        // Unless a send's hook moved the QP (its timer and queue are then the new state's).
+        if (this.stateEpoch === epoch) {
+          // Times the first PSN sent for the first time (a READ's first response answers it).
+          if (r.expectsResponse && this.rttPsn < 0 && this.reqHighPsn !== high) {
+            this.rttPsn = high;
+            this.rttSentAt = now;
+          }
+          if (r.expectsResponse && this.ackDeadline === undefined) this.armAckTimer(now);
+          if (r.error) this.failSend(r.error.wqe, r.error.status, 0, 'local error', epoch);
         }
-        if (r.expectsResponse && this.ackDeadline === undefined) this.armAckTimer(now);
-        if (r.error) this.failSend(r.error.wqe, r.error.status, 0, 'local error');
       }
       if (this.type !== 'RC') this.retireDone();
     }
@@ -613,7 +632,9 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState,
         this.responder.flushAck(this);
         sent++;
       }
-      if (st === 'RTR' || st === 'RTS' || st === 'SQD' || st === 'SQE') sent += this.responder.emitReads(this, budget - sent);
+      // The state now: a send above may have moved the QP.
+      const rs = this._state;
+      if (rs === 'RTR' || rs === 'RTS' || rs === 'SQD' || rs === 'SQE') sent += this.responder.emitReads(this, budget - sent);
       this.responderBusy = this.respAckPending || this.respJobs.length > 0;
     }
     this.checkSqDrained();
@@ -649,7 +670,8 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState,
     let t: Micros | undefined;
     const st = this._state;
     // The responder first: an ACK to send answers ASAP whatever the requester could do.
-    if (this.responderBusy && (this.respAckPending || (this.respJobs.length > 0 && st !== 'ERR' && st !== 'RESET'))) return ASAP;
+    // READ responses only where `poll` sends them.
+    if (this.responderBusy && (this.respAckPending || (this.respJobs.length > 0 && (st === 'RTR' || st === 'RTS' || st === 'SQD' || st === 'SQE')))) return ASAP;
     if (this.requesterCanSend()) {
       if (!this.cc) return ASAP;
       // Paced: the next packet waits for the rate, or for an RP timer that raises it.
@@ -689,7 +711,9 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState,
     this.ackExpired = false;
   }
 
-  private apply(now: Micros, a: CompleterAction): void {
+  /** Applies the completer's verdict, found since state change `epoch`: not if a completion's hook moved the QP since. */
+  private apply(now: Micros, a: CompleterAction, epoch: number): void {
+    if (this.stateEpoch !== epoch) return;
     switch (a.kind) {
       case 'none':
         return;
@@ -708,7 +732,7 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState,
         this.ackDeadline = undefined;
         return;
       case 'fatal':
-        this.failSend(a.wqe, a.status, a.vendorErr, `completer: ${a.status}`);
+        this.failSend(a.wqe, a.status, a.vendorErr, `completer: ${a.status}`, epoch);
         return;
     }
   }
@@ -721,7 +745,9 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState,
       this.srttUs = this.srttUs === 0 ? Math.round(sample) : Math.round(this.srttUs + (sample - this.srttUs) / 8);
       this.rttPsn = -1;
     }
-    if (this.outstanding()) this.armAckTimer(now);
+    // Only a sending state has a timer: a completion's hook may have moved the QP to ERR or RESET.
+    const st = this._state;
+    if ((st === 'RTS' || st === 'SQD') && this.outstanding()) this.armAckTimer(now);
     else this.ackDeadline = undefined;
     this.checkSqDrained();
   }
@@ -748,25 +774,30 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState,
     for (let w = this.sqPeek(); w && w.state === 'done'; w = this.sqPeek()) this.retire(w);
   }
 
-  /** A send WQE failed: it completes in error (always, signaled or not), then RC → ERR, UC/UD → SQE. */
-  private failSend(wqe: SendWqe, status: WcStatus, vendorErr: number, why: string): void {
+  /**
+   * A send WQE failed: it completes in error (always, signaled or not), then RC → ERR, UC/UD → SQE.
+   * `epoch` is the state the failure was found in: if a hook has moved the QP since (before or
+   * during these completions), the failure is no longer the QP's to act on, and `wqe` may already
+   * be back in the free list, or be another WR's.
+   */
+  private failSend(wqe: SendWqe, status: WcStatus, vendorErr: number, why: string, epoch: number): void {
     // Complete everything before it first (UC/UD WQEs already sent), in order.
     if (this.type !== 'RC') this.retireDone();
+    if (this.stateEpoch !== epoch) return;
     if (this.sqPeek() === wqe) {
       this.sqShift();
       if (wqe.holdsRdAtomic) this.reqRdAtomic--;
       this.completeSend(wqe, status, vendorErr);
       releaseSendWqe(wqe);
     }
-    if (this.type === 'RC') this.fail(`${why} (${status})`);
-    else this.setState('SQE', `${why} (${status})`);
+    if (this.type === 'RC') this.fail(`${why} (${status})`, epoch);
+    else if (this.stateEpoch === epoch) this.setState('SQE', `${why} (${status})`);
   }
 
-  /** A transport error: QP → ERR, with the affiliated asynchronous event. */
-  private fail(reason: string): void {
-    if (this._state === 'ERR') return;
-    this.setState('ERR', reason);
-    this.io.event({ type: 'QP_FATAL', qpNum: this.qpn, reason });
+  /** A transport error found in state change `epoch`: QP → ERR, with the affiliated asynchronous event. */
+  private fail(reason: string, epoch: number): void {
+    if (this._state === 'ERR' || this.stateEpoch !== epoch) return;
+    if (this.setState('ERR', reason)) this.io.event({ type: 'QP_FATAL', qpNum: this.qpn, reason });
   }
 
   /** Completes `wqe` on the send CQ, written in place into the CQ's ring (no object per completion). */

@@ -281,7 +281,13 @@ export class Responder {
     // rxe answers one request at a time: a READ's responses all go out before the next request
     // is looked at. Sending what is left first keeps responses in PSN order and keeps a later
     // WRITE from changing memory a READ has not yet returned.
-    this.flushReads(qp);
+    if (qp.respJobs.length > 0) {
+      const epoch = qp.stateEpoch;
+      this.flushReads(qp);
+      // A hook moved the QP from inside a response's send (to ERR or RESET, say): the request
+      // arrived for the state the QP has left, and is dropped as the device drops one for ERR.
+      if (qp.stateEpoch !== epoch) return OK;
+    }
     const verdict =
       this.checkPsn(qp, pkt, info) ??
       this.checkOpSeq(qp, info) ??
@@ -543,18 +549,19 @@ export class Responder {
     if (info.end) qp.respMsn = (qp.respMsn + 1) & 0xffffff;
     qp.respPsn = psnAdd(pkt.bth.psn, 1);
     qp.respOpcode = info.end ? -1 : pkt.bth.opcode;
-    // WRITE with immediate reports the RETH length, so the WRITE state outlives its last packet
-    // until the receive completion is built.
-    if (info.consumesRecv && info.end) this.completeRecv(qp, rq, pkt, info, 'SUCCESS');
-    if (info.end && info.kind === 'write') this.endWrite(qp);
     // Acknowledge (9.7.4.1): RC answers packets with AckReq (the requester sets it on the last
     // packet of a message and every MAX_PKT_PER_ACK); the answers to one receive batch are
-    // coalesced into the last one (see `ackPending`).
+    // coalesced into the last one (see `ackPending`). Noted before the receive completion, whose
+    // handler may move the QP: the state change then sends it first, as for any ACK it finds due.
     if (qp.type === 'RC' && pkt.bth.ackReq) {
       qp.respAckPending = true;
       qp.respAckPsn = pkt.bth.psn;
       qp.respAckMsn = qp.respMsn;
     }
+    // WRITE with immediate reports the RETH length, so the WRITE state outlives its last packet
+    // until the receive completion is built.
+    if (info.consumesRecv && info.end) this.completeRecv(qp, rq, pkt, info, 'SUCCESS');
+    if (info.end && info.kind === 'write') this.endWrite(qp);
     return OK;
   }
 
@@ -777,8 +784,18 @@ export class Responder {
   }
 
   private sendAck(qp: ResponderQp, syndrome: number, psn: Psn): void {
+    if (!this.flushedAckLeftState(qp)) this.writeAck(qp, syndrome, psn, qp.respMsn);
+  }
+
+  /**
+   * Sends the coalesced ACK ahead of another response; true if that send's hook moved the QP, whose
+   * new state then has nothing of this response to send.
+   */
+  private flushedAckLeftState(qp: ResponderQp): boolean {
+    if (!qp.respAckPending) return false;
+    const epoch = qp.stateEpoch;
     this.flushAck(qp);
-    this.writeAck(qp, syndrome, psn, qp.respMsn);
+    return qp.stateEpoch !== epoch;
   }
 
   private writeAck(qp: ResponderQp, syndrome: number, psn: Psn, msn: number): void {
@@ -798,7 +815,7 @@ export class Responder {
   }
 
   private sendAtomicAck(qp: ResponderQp, psn: Psn, orig: bigint): void {
-    this.flushAck(qp);
+    if (this.flushedAckLeftState(qp)) return;
     const f = RESPONSE_FIELDS;
     f.opcode = RC_ATOMIC_ACK;
     f.destQp = qp.attrs.destQpNum;

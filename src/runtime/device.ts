@@ -213,12 +213,16 @@ export class Device {
     if (this.qps.get(qp.qpn) !== qp) return; // destroyed already (or not this device's)
     // The coalesced ACK of the last receive batch still goes out, as it would have at once.
     if (!this.closed) qp.responder.flushAck(qp);
+    qp.respAckPending = false;
     this.cancel(qp);
     qp.queued = false; // left in the ready (or posted) queue, where a detached QP is skipped
     this.qps.delete(qp.qpn);
     const slot = qp.qpn & (this.qpSlots.length - 1);
     if (this.qpSlots[slot] === qp) this.qpSlots[slot] = undefined;
     qp.attached = false;
+    // RESET lets its work go (no completions, as ibv_destroy_qp) and ends every loop of its engines
+    // that the destroy may have been called from (a link's or trace hook's, inside a send).
+    if (qp.state !== 'RESET') qp.setState('RESET', 'destroyed');
   }
 
   qp(qpn: Qpn): QueuePair | undefined {

@@ -1,0 +1,297 @@
+/**
+ * The application's code runs inside the engine: a link or trace printer inside every send, a
+ * completion handler inside every completion. Any of them may move the QP (to ERR, to RESET and back
+ * up, or destroy it). The engine then leaves the QP to that later change: it does not go on with
+ * the request, the error transition, the timer or the packet it was in the middle of.
+ */
+import t from 'tap';
+import { allocPd, createCq, destroyQp, openDevice, postSend, regMr } from '../../src/api/verbs.js';
+import { MemoryLink } from '../../src/link/memory.js';
+import { TraceLink } from '../../src/link/trace.js';
+import { VirtualClock } from '../../src/runtime/clock.js';
+import { aethKind, NAK_CODE, nakSyndrome } from '../../src/wire/aeth.js';
+import { ALL_ACCESS, bringUp, bth, EngineHarness, makeQp, PEER, PEER_QPN, pattern } from '../helpers/engine.js';
+
+const E = 500; // the harness's expected PSN
+/** The peer as a UD address handle (its GID unused here). */
+const PEER_AH = { ...PEER, dgid: new Uint8Array(16) };
+
+/** RESET → RTS again, as an application reconnecting would. */
+function reconnect(h: EngineHarness, at: number, sqPsn: number): void {
+  const q = h.qp;
+  q.modify(at, { qpState: 'INIT', pkeyIndex: 0, portNum: 1, qpAccessFlags: ALL_ACCESS });
+  q.modify(at, { qpState: 'RTR', ahAttr: PEER, pathMtu: 256, destQpNum: PEER_QPN, rqPsn: E, maxDestRdAtomic: 4, minRnrTimer: 12 });
+  q.modify(at, { qpState: 'RTS', sqPsn, timeout: 10, retryCnt: 3, rnrRetry: 3, maxRdAtomic: 4 });
+}
+
+t.test('a request behind READ responses whose send moved the QP is not executed', async (t) => {
+  for (const next of ['ERR', 'RESET'] as const) {
+    for (const kind of ['WRITE', 'FETCH_ADD', 'SEND', 'READ'] as const) {
+      // RESET sets the expected PSN to 0: the requests carry PSN 0, so that only the state stops them.
+      const psn = next === 'RESET' ? 0 : E;
+      const h = new EngineHarness('RC', { sqPsnB: psn });
+      const src = h.mr(pattern(600, 7));
+      const dst = h.mr(64);
+      h.qp.postRecv(0, [{ wrId: 9, sgList: [dst.sge(0, 64)] }]);
+      // Its three responses wait for the QP's next run; the next request sends them first.
+      h.send({ bth: bth('RC_RDMA_READ_REQUEST', psn, { ackReq: true }), reth: { va: src.va(0), rkey: src.rkey, dmaLength: 600 } });
+      let moved = false;
+      h.onTransmit = () => {
+        if (moved) return;
+        moved = true;
+        h.qp.modify(0, { qpState: next });
+      };
+      const p2 = next === 'RESET' ? 0 : psn + 3;
+      if (kind === 'WRITE') h.send({ bth: bth('RC_RDMA_WRITE_ONLY', p2, { ackReq: true }), reth: { va: dst.va(0), rkey: dst.rkey, dmaLength: 8 }, payload: pattern(8, 3) });
+      if (kind === 'FETCH_ADD') h.send({ bth: bth('RC_FETCH_ADD', p2), atomicEth: { va: dst.va(8), rkey: dst.rkey, swapAdd: 5n, compare: 0n } });
+      if (kind === 'SEND') h.send({ bth: bth('RC_SEND_ONLY', p2, { ackReq: true }), payload: pattern(8, 3) });
+      if (kind === 'READ') h.send({ bth: bth('RC_RDMA_READ_REQUEST', p2, { ackReq: true }), reth: { va: src.va(0), rkey: src.rkey, dmaLength: 100 } });
+      const out = h.poll();
+      t.same(h.names(out), [`RDMA_READ_RESPONSE_FIRST@${psn}`], `${next}, then a ${kind}: only the response whose send moved the QP went out`);
+      t.same([...dst.buffer.subarray(0, 16)], new Array(16).fill(0), `${next}, then a ${kind}: memory untouched`);
+      t.equal(h.qp.state, next);
+      t.equal(h.qp.respJobs.length, 0, `${next}, then a ${kind}: no READ job left`);
+      if (next === 'RESET') {
+        // A job left on the QP used to make pollAt() answer "at once" for ever in INIT, where poll
+        // sends nothing: the device ran the QP again and again at one instant.
+        h.qp.modify(0, { qpState: 'INIT', pkeyIndex: 0, portNum: 1, qpAccessFlags: ALL_ACCESS });
+        t.equal(h.qp.pollAt(), undefined, `RESET, then a ${kind}, then INIT: nothing to run`);
+      }
+    }
+  }
+});
+
+t.test("the engine's error transition gives way to a state a hook set during the error's own packet or completion", async (t) => {
+  const reinit = (h: EngineHarness): boolean => {
+    try {
+      h.qp.modify(0, { qpState: 'INIT', pkeyIndex: 0, portNum: 1, qpAccessFlags: ALL_ACCESS });
+      return true;
+    } catch {
+      return false;
+    }
+  };
+  // The responder's class C NAK (a MIDDLE with no FIRST), whose send the link's hook answers with RESET.
+  {
+    const h = new EngineHarness('RC');
+    h.onTransmit = () => {
+      if (h.qp.state !== 'RESET') h.qp.modify(0, { qpState: 'RESET' });
+    };
+    h.send({ bth: bth('RC_SEND_MIDDLE', E), payload: pattern(256) });
+    t.equal(h.qp.state, 'RESET', 'responder NAK: the QP stays in the RESET the hook chose, not ERR');
+    t.same(h.events.map((e) => e.type), [], 'responder NAK: no QP_FATAL for a QP the application reset');
+    t.ok(reinit(h), 'responder NAK: RESET → INIT is accepted');
+  }
+  // The requester's local protection error (an unknown L_Key): the error completion's handler resets.
+  {
+    const h = new EngineHarness('RC');
+    h.scq.onCompletion = (q) => {
+      if (q.shift()!.status !== 'SUCCESS' && h.qp.state !== 'RESET') h.qp.modify(0, { qpState: 'RESET' });
+    };
+    h.qp.postSend(0, [{ wrId: 1, opcode: 'SEND', sgList: [{ addr: 0n, length: 8, lkey: 0xdead }] }]);
+    h.poll();
+    t.equal(h.qp.state, 'RESET', 'local error: RESET stands');
+    t.same(h.events.map((e) => e.type), [], 'local error: no QP_FATAL');
+    t.ok(reinit(h), 'local error: RESET → INIT is accepted');
+  }
+  // The completer's remote access NAK: the error completion's handler resets.
+  {
+    const h = new EngineHarness('RC');
+    const m = h.mr(64);
+    h.scq.onCompletion = (q) => {
+      if (q.shift()!.status !== 'SUCCESS' && h.qp.state !== 'RESET') h.qp.modify(0, { qpState: 'RESET' });
+    };
+    h.qp.postSend(0, [{ wrId: 1, opcode: 'RDMA_WRITE', sgList: [m.sge(0, 8)], rdma: { remoteAddr: 0n, rkey: 1 } }]);
+    h.poll();
+    h.send({ bth: bth('RC_ACKNOWLEDGE', 100), aeth: { syndrome: nakSyndrome(NAK_CODE.REMOTE_ACCESS_ERROR), msn: 0 } });
+    t.equal(h.qp.state, 'RESET', 'remote access NAK: RESET stands');
+    t.same(h.events.map((e) => e.type), [], 'remote access NAK: no QP_FATAL');
+    t.ok(reinit(h), 'remote access NAK: RESET → INIT is accepted');
+  }
+  // UD: a local length error moves the QP to SQE, unless its completion's handler moved it first
+  // (ERR → SQE and RESET → SQE are no transitions at all).
+  for (const want of ['ERR', 'RESET'] as const) {
+    const h = new EngineHarness('UD');
+    const m = h.mr(8192);
+    h.scq.onCompletion = (q) => {
+      if (q.shift()!.status !== 'SUCCESS' && h.qp.state !== want) h.qp.modify(0, { qpState: want });
+    };
+    h.qp.postSend(0, [{ wrId: 1, opcode: 'SEND', sgList: [m.sge(0, 8000)], ud: { ah: PEER_AH, remoteQpn: 0x22, remoteQkey: 0x11111111 } }]);
+    h.poll();
+    t.equal(h.qp.state, want, `UD length error, handler → ${want}: ${want} stands`);
+  }
+  // UD: the completion before the failing WR's resets, reopens and posts a good SEND, which takes the
+  // failing WR's record from the free list: the error belongs to the old WR, not to the new one.
+  {
+    const h = new EngineHarness('UD');
+    const m = h.mr(8192);
+    const ud = { ah: PEER_AH, remoteQpn: 0x22, remoteQkey: 0x11111111 };
+    const seen: [number, string][] = [];
+    h.scq.onCompletion = (q) => {
+      const wc = q.shift()!;
+      seen.push([Number(wc.wrId), wc.status]);
+      if (wc.wrId !== 1) return;
+      h.qp.modify(0, { qpState: 'RESET' });
+      h.qp.modify(0, { qpState: 'INIT', pkeyIndex: 0, portNum: 1, qkey: 0x11111111 });
+      h.qp.modify(0, { qpState: 'RTR' });
+      h.qp.modify(0, { qpState: 'RTS', sqPsn: 0 });
+      h.qp.postSend(0, [{ wrId: 3, opcode: 'SEND', sgList: [m.sge(0, 8)], ud }]);
+    };
+    h.qp.postSend(0, [{ wrId: 1, opcode: 'SEND', sgList: [m.sge(0, 8)], ud }, { wrId: 2, opcode: 'SEND', sgList: [m.sge(0, 8000)], ud }]);
+    h.poll();
+    h.poll();
+    t.same(seen, [[1, 'SUCCESS'], [3, 'SUCCESS']], 'the new SEND completes as sent; the reset took the failing WR');
+    t.equal(h.qp.state, 'RTS', 'and the reopened QP is not moved to SQE');
+  }
+});
+
+t.test('a state change whose pending ACK send moved the QP first leaves the later change standing', async (t) => {
+  const withAckPending = (): EngineHarness => {
+    const h = new EngineHarness('RC');
+    const dst = h.mr(1024);
+    h.qp.postRecv(0, [{ wrId: 1, sgList: [dst.sge(0, 1024)] }, { wrId: 2, sgList: [dst.sge(0, 1024)] }]);
+    h.send({ bth: bth('RC_SEND_ONLY', E, { ackReq: true }), payload: pattern(10) });
+    h.rcq.poll(4);
+    return h;
+  };
+  {
+    const h = withAckPending();
+    h.onTransmit = () => {
+      if (h.qp.state === 'RTS') h.qp.modify(0, { qpState: 'ERR' });
+    };
+    h.qp.modify(0, { qpState: 'SQD' });
+    t.equal(h.qp.state, 'ERR', 'SQD asked, ERR set by the ACK send: ERR');
+    t.throws(() => h.qp.modify(0, { qpState: 'RTS' }), 'and the QP cannot go back to RTS');
+  }
+  {
+    const h = withAckPending();
+    h.onTransmit = () => {
+      if (h.qp.state === 'RTS') h.qp.modify(0, { qpState: 'RESET' });
+    };
+    h.qp.modify(0, { qpState: 'ERR' });
+    t.equal(h.qp.state, 'RESET', 'ERR asked, RESET set by the ACK send: RESET');
+  }
+});
+
+t.test("a send's hook that resets the QP leaves no ACK timer behind: a reconnected QP does not retransmit at once", async (t) => {
+  for (const next of ['ERR', 'RESET'] as const) {
+    const h = new EngineHarness('RC');
+    const m = h.mr(64);
+    let moved = false;
+    h.onTransmit = () => {
+      if (moved) return;
+      moved = true;
+      h.qp.modify(0, { qpState: next });
+    };
+    h.qp.postSend(0, [{ wrId: 1, opcode: 'SEND', sgList: [m.sge(0, 8)] }]);
+    h.poll(0);
+    t.equal(h.qp.pollAt(), undefined, `${next} in the send: no timer to run`);
+    if (next === 'ERR') continue;
+    reconnect(h, 10, 7000);
+    h.qp.postSend(2_000_000, [{ wrId: 2, opcode: 'SEND', sgList: [m.sge(0, 8)] }]);
+    t.same(h.names(h.poll(2_000_000)), ['SEND_ONLY@7000!'], 'the first SEND of the new connection goes out once');
+    t.equal(h.counters.ackTimeouts, 0, 'no ACK timeout');
+    t.equal(h.counters.retransPkts, 0, 'no retransmission');
+  }
+  // A completion's handler moves the QP to ERR while one ACK retires the first of three SENDs.
+  const h = new EngineHarness('RC');
+  const m = h.mr(64);
+  h.qp.postSend(0, [1, 2, 3].map((wrId) => ({ wrId, opcode: 'SEND' as const, sgList: [m.sge(0, 8)] })));
+  h.poll(0);
+  h.scq.onCompletion = () => {
+    if (h.qp.state === 'RTS') h.qp.modify(0, { qpState: 'ERR' });
+  };
+  h.send({ bth: bth('RC_ACKNOWLEDGE', 100), aeth: { syndrome: 0x1f, msn: 1 } }, 5);
+  t.equal(h.qp.pollAt(), undefined, 'ERR from a completion: no timer to run');
+  t.same(h.scq.poll(8).map((w) => [Number(w.wrId), w.status]), [[1, 'SUCCESS'], [2, 'WR_FLUSH_ERR'], [3, 'WR_FLUSH_ERR']]);
+});
+
+t.test("a receive completion's handler that moves the QP: the ACK of that request goes out first, the moved QP sends none", async (t) => {
+  for (const next of ['RESET', 'ERR'] as const) {
+    for (const op of ['RC_SEND_ONLY', 'RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE'] as const) {
+      const h = new EngineHarness('RC');
+      const dst = h.mr(1024);
+      h.qp.postRecv(0, [{ wrId: 1, sgList: [dst.sge(0, 1024)] }]);
+      let sentAtChange = -1;
+      h.rcq.onCompletion = (q) => {
+        q.shift();
+        if (h.qp.state === next) return;
+        h.qp.modify(0, { qpState: next });
+        sentAtChange = h.wire.length;
+      };
+      const body = op === 'RC_SEND_ONLY' ? { payload: pattern(100) } : { reth: { va: dst.va(0), rkey: dst.rkey, dmaLength: 8 }, immDt: { data: 7 }, payload: pattern(8) };
+      h.send({ bth: bth(op, E, { ackReq: true }), ...body });
+      t.equal(sentAtChange, 1, `${op}, handler → ${next}: the ACK left with the state change`);
+      const acks = h.take();
+      t.same(acks.map((p) => `${h.names([p])[0]} msn=${p.aeth!.msn}`), ['ACKNOWLEDGE@500 msn=1'], `${op}, handler → ${next}: one ACK, of that request`);
+      t.equal(h.qp.pollAt(), undefined, `${op}, handler → ${next}: nothing left to run`);
+      t.same(h.poll(), [], `${op}, handler → ${next}: its run sends nothing`);
+    }
+  }
+});
+
+t.test('a NAK or atomic ACK behind a pending ACK whose send moved the QP is not sent', async (t) => {
+  for (const next of ['RESET', 'ERR'] as const) {
+    for (const second of ['a sequence NAK', 'an RNR NAK', 'an atomic ACK'] as const) {
+      const h = new EngineHarness('RC');
+      const dst = h.mr(1024);
+      h.qp.postRecv(0, [{ wrId: 1, sgList: [dst.sge(0, 1024)] }]);
+      h.send({ bth: bth('RC_SEND_ONLY', E, { ackReq: true }), payload: pattern(10) });
+      h.onTransmit = () => {
+        if (h.qp.state !== next) h.qp.modify(0, { qpState: next });
+      };
+      if (second === 'a sequence NAK') h.send({ bth: bth('RC_SEND_ONLY', E + 5, { ackReq: true }), payload: pattern(10) });
+      if (second === 'an RNR NAK') h.send({ bth: bth('RC_SEND_ONLY', E + 1, { ackReq: true }), payload: pattern(10) });
+      if (second === 'an atomic ACK') h.send({ bth: bth('RC_FETCH_ADD', E + 1), atomicEth: { va: dst.va(8), rkey: dst.rkey, swapAdd: 5n, compare: 0n } });
+      const out = h.take();
+      t.same(out.map((p) => `${h.names([p])[0]}/${aethKind(p.aeth!.syndrome)}`), ['ACKNOWLEDGE@500/ACK'], `${next} at the pending ACK, then ${second}: only that ACK`);
+      t.equal(h.qp.state, next);
+    }
+  }
+});
+
+t.test('destroyQp from inside one of the QP\'s own sends: nothing more leaves it', async (t) => {
+  const clock = new VirtualClock();
+  const [la, lb] = MemoryLink.pair(clock, { latencyUs: 2 });
+  const hooks = { a: (_line: string): void => undefined, b: (_line: string): void => undefined };
+  const side = async (link: TraceLink): Promise<{ ctx: Awaited<ReturnType<typeof openDevice>>; pd: ReturnType<typeof allocPd>; cq: ReturnType<typeof createCq> }> => {
+    const ctx = await openDevice({ address: link.local.address, link, clock });
+    return { ctx, pd: allocPd(ctx), cq: createCq(ctx, { cqe: 256 }) };
+  };
+  const a = await side(new TraceLink(la, (l) => hooks.a(l)));
+  const b = await side(new TraceLink(lb, (l) => hooks.b(l)));
+  const o = { pathMtu: 256 as const };
+  const qa = makeQp(a, 'RC', o);
+  const qb = makeQp(b, 'RC', o);
+  bringUp(qa, qb, b.ctx, o, 0x100, 0x200, ALL_ACCESS);
+  bringUp(qb, qa, a.ctx, o, 0x200, 0x100, ALL_ACCESS);
+  const src = regMr(b.pd, pattern(8192, 5), ALL_ACCESS);
+  const dst = regMr(a.pd, new Uint8Array(8192), ALL_ACCESS);
+  // The responder: B is destroyed at the first of its 32 READ responses.
+  let after = -1;
+  hooks.b = (line) => {
+    if (!line.startsWith('tx')) return;
+    if (after >= 0) after++;
+    else if (line.includes('READ_RESPONSE')) {
+      destroyQp(qb);
+      after = 0;
+    }
+  };
+  postSend(qa, { wrId: 1, opcode: 'RDMA_READ', sgList: [dst.sge(0, 8192)], rdma: { remoteAddr: src.va(0), rkey: src.rkey } });
+  clock.run(50_000);
+  t.equal(after, 0, 'no READ response after the one whose send destroyed the QP');
+  // The requester: A is destroyed at the first packet of a 32-packet SEND.
+  after = -1;
+  hooks.a = (line) => {
+    if (!line.startsWith('tx')) return;
+    if (after >= 0) after++;
+    else {
+      destroyQp(qa);
+      after = 0;
+    }
+  };
+  postSend(qa, { wrId: 2, opcode: 'SEND', sgList: [dst.sge(0, 8192)] });
+  clock.run(50_000);
+  t.equal(after, 0, 'no request packet after the one whose send destroyed the QP');
+  hooks.a = () => undefined;
+  hooks.b = () => undefined;
+});
