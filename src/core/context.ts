@@ -40,9 +40,9 @@ export interface EngineContext {
   readonly type: QpType;
   readonly state: QpState;
   /**
-   * Counts the QP's state changes. A send or a completion runs the application's code (a link, a
-   * trace printer, a completion handler), which may move the QP: an engine that goes on after one
-   * compares this count and stops if it moved.
+   * Counts the QP's entries into RESET, ERR and SQE. A send or a completion runs the application's
+   * code (a link, a trace printer, a completion handler), which may reset or fail the QP: an engine
+   * that goes on after one compares this count and stops if it moved.
    */
   readonly stateEpoch: number;
   readonly pd: ProtectionDomain;

@@ -79,9 +79,11 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState,
   readonly qpn: Qpn;
   private _state: QpState = 'RESET';
   /**
-   * Counts the state changes (`setState`). A send or a completion runs the application's code (a
-   * link, a trace printer, a completion handler), which may move the QP: code that goes on after one
-   * compares this count, and leaves the QP to the later change if it moved.
+   * Counts the QP's entries into RESET, ERR and SQE, the states that take its work away (a reset
+   * and reconnect counts: the work in hand was the old connection's). A send or a completion runs
+   * the application's code (a link, a trace printer, a completion handler), which may do that: code
+   * that goes on after one compares this count, and leaves the QP to the later change if it moved.
+   * Other changes (RTS → RTS with new attributes, SQD and back) leave the work in hand to go on.
    */
   stateEpoch = 0;
   /** The runtime's: whether the QP is in the device's ready queue, to run on its next turn. */
@@ -254,7 +256,7 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState,
     }
     const from = this._state;
     this._state = next;
-    this.stateEpoch++;
+    if (next === 'RESET' || next === 'ERR' || next === 'SQE') this.stateEpoch++;
     this.stateReason = reason;
     if (from !== next) this.io.stateChanged?.(this.qpn, from, next, reason);
     switch (next) {
@@ -613,14 +615,17 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState,
         const epoch = this.stateEpoch;
         const r = this.cc ? this.cc.emit(now, budget) : this.requester.emit(this, this, this.compPsn, budget);
         sent += r.sent;
-        // Unless a send's hook moved the QP (its timer and queue are then the new state's).
+        // Unless a send's hook reset the QP or failed it (its timer and queue are then the new
+        // state's), or a link that delivers at once brought every answer in already.
         if (this.stateEpoch === epoch) {
-          // Times the first PSN sent for the first time (a READ's first response answers it).
-          if (r.expectsResponse && this.rttPsn < 0 && this.reqHighPsn !== high) {
-            this.rttPsn = high;
-            this.rttSentAt = now;
+          if (r.expectsResponse && this.outstanding()) {
+            // Times the first PSN sent for the first time (a READ's first response answers it).
+            if (this.rttPsn < 0 && this.reqHighPsn !== high) {
+              this.rttPsn = high;
+              this.rttSentAt = now;
+            }
+            if (this.ackDeadline === undefined) this.armAckTimer(now);
           }
-          if (r.expectsResponse && this.ackDeadline === undefined) this.armAckTimer(now);
           if (r.error) this.failSend(r.error.wqe, r.error.status, 0, 'local error', epoch);
         }
       }

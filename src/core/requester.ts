@@ -242,10 +242,10 @@ export class Requester {
       f.rkey = wqe.rkey;
       f.dmaLength = wqe.length - off;
       parts.push(SHARED_HEADER_BUILDER.build(f));
-      this.finishPacket(s, ctx, dst, psn, wqe.npkts - k);
       wqe.nextPkt = wqe.npkts;
       wqe.state = 'pending';
       s.reqCursor++;
+      this.finishPacket(s, ctx, dst, psn, wqe.npkts - k);
       return;
     }
     if (wqe.opcode === 'ATOMIC_CMP_AND_SWP' || wqe.opcode === 'ATOMIC_FETCH_AND_ADD') {
@@ -257,10 +257,10 @@ export class Requester {
       f.swapAdd = wqe.opcode === 'ATOMIC_CMP_AND_SWP' ? wqe.swap : wqe.compareAdd;
       f.compare = wqe.opcode === 'ATOMIC_CMP_AND_SWP' ? wqe.compareAdd : 0n;
       parts.push(SHARED_HEADER_BUILDER.build(f));
-      this.finishPacket(s, ctx, dst, psn, 1);
       wqe.nextPkt = 1;
       wqe.state = 'pending';
       s.reqCursor++;
+      this.finishPacket(s, ctx, dst, psn, 1);
       return;
     }
 
@@ -294,23 +294,29 @@ export class Requester {
       else gather(wqe.segments!, off, len, parts);
     }
     if (f.padCount) parts.push(PAD[f.padCount]!);
-    this.finishPacket(s, ctx, dst, psn, 1);
     wqe.nextPkt = k + 1;
     if (end) {
       wqe.state = ctx.type === 'RC' ? 'pending' : 'done';
       s.reqCursor++;
     }
+    this.finishPacket(s, ctx, dst, psn, 1);
   }
 
+  /**
+   * Accounts for the packet in `REQUEST_PARTS`, then sends it. The WQE and the cursors are brought up
+   * to date before the send, which is the last thing done: a link that delivers at once brings the
+   * answer in from inside it, and the completer may then retire the WQE (back to the free list) and
+   * move the send queue's head.
+   */
   private finishPacket(s: RequesterState, ctx: EngineContext, dst: { address: string; port: number }, psn: Psn, span: number): void {
-    ctx.transmit(dst, REQUEST_PARTS);
-    // Emptied at once, not at the next packet: a QP that sends rarely (one of thousands) would
-    // otherwise keep its last payload view alive long enough to be promoted, every time.
-    clearParts(REQUEST_PARTS);
     if (psnLt(psn, s.reqHighPsn)) ctx.counters.retransPkts++;
     const next = psnAdd(psn, span);
     if (psnLt(s.reqHighPsn, next)) s.reqHighPsn = next;
     s.reqPsn = next;
+    ctx.transmit(dst, REQUEST_PARTS);
+    // Emptied at once, not at the next packet: a QP that sends rarely (one of thousands) would
+    // otherwise keep its last payload view alive long enough to be promoted, every time.
+    clearParts(REQUEST_PARTS);
   }
 
   /**

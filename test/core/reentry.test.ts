@@ -5,12 +5,13 @@
  * the request, the error transition, the timer or the packet it was in the middle of.
  */
 import t from 'tap';
-import { allocPd, createCq, destroyQp, openDevice, postSend, regMr } from '../../src/api/verbs.js';
+import { allocPd, createCq, destroyQp, modifyQp, openDevice, postRecv, postSend, regMr, type Qp } from '../../src/api/verbs.js';
+import { emptyDrops, type Link, type LinkCaps, type LinkRxHandler, type PeerAddress } from '../../src/link/link.js';
 import { MemoryLink } from '../../src/link/memory.js';
-import { TraceLink } from '../../src/link/trace.js';
+import { describe as describePacket, TraceLink } from '../../src/link/trace.js';
 import { VirtualClock } from '../../src/runtime/clock.js';
 import { aethKind, NAK_CODE, nakSyndrome } from '../../src/wire/aeth.js';
-import { ALL_ACCESS, bringUp, bth, EngineHarness, makeQp, PEER, PEER_QPN, pattern } from '../helpers/engine.js';
+import { ALL_ACCESS, bringUp, bth, collect, EngineHarness, makeQp, PEER, PEER_QPN, pattern, type Side } from '../helpers/engine.js';
 
 const E = 500; // the harness's expected PSN
 /** The peer as a UD address handle (its GID unused here). */
@@ -294,4 +295,143 @@ t.test('destroyQp from inside one of the QP\'s own sends: nothing more leaves it
   t.equal(after, 0, 'no request packet after the one whose send destroyed the QP');
   hooks.a = () => undefined;
   hooks.b = () => undefined;
+});
+
+/**
+ * A link pair whose `send` hands each datagram to the peer's receive handler at once, from inside the
+ * sender's send (`sync`), or one clock hop later as MemoryLink does (`async`, the control). `pass`
+ * may drop a datagram, `onSend` sees each one before it leaves. No ICRC: both ends check none.
+ */
+class DirectLink implements Link {
+  readonly caps: LinkCaps = { family: 4, icrcGenerate: false, icrcVerify: 'off', maxDatagram: 65507 };
+  readonly drops = emptyDrops();
+  peer!: DirectLink;
+  pass: (datagram: Uint8Array) => boolean = () => true;
+  onSend: () => void = () => undefined;
+  private handler: LinkRxHandler | undefined;
+  constructor(private readonly clock: VirtualClock, readonly local: PeerAddress, private readonly sync: boolean) {}
+
+  static pair(clock: VirtualClock, sync: boolean): [DirectLink, DirectLink] {
+    const a = new DirectLink(clock, { address: '10.0.0.1', port: 4791 }, sync);
+    const b = new DirectLink(clock, { address: '10.0.0.2', port: 4791 }, sync);
+    a.peer = b;
+    b.peer = a;
+    return [a, b];
+  }
+
+  onReceive(handler: LinkRxHandler): void {
+    this.handler = handler;
+  }
+
+  send(_dst: PeerAddress, srcPort: number, parts: readonly Uint8Array[]): void {
+    let len = 4; // the ICRC's place, left zero
+    for (const p of parts) len += p.length;
+    const d = new Uint8Array(len);
+    let at = 0;
+    for (const p of parts) {
+      d.set(p, at);
+      at += p.length;
+    }
+    this.onSend();
+    if (!this.pass(d)) return;
+    const meta = { src: { address: this.local.address, port: srcPort }, icrc: 'unchecked' as const, ce: false, at: this.clock.now() };
+    const deliver = (): void => this.peer.handler?.(d, meta);
+    if (this.sync) deliver();
+    else this.clock.at(this.clock.now() + 2, deliver);
+  }
+
+  async close(): Promise<void> {
+    this.handler = undefined;
+  }
+}
+
+async function directPair(sync: boolean, o: { retryCnt?: number; timeout?: number } = {}): Promise<{ clock: VirtualClock; la: DirectLink; lb: DirectLink; a: Side; b: Side; qa: Qp; qb: Qp }> {
+  const clock = new VirtualClock();
+  const [la, lb] = DirectLink.pair(clock, sync);
+  const side = async (link: DirectLink): Promise<Side> => {
+    const ctx = await openDevice({ address: link.local.address, link, clock });
+    return { ctx, pd: allocPd(ctx), cq: createCq(ctx, { cqe: 256 }) };
+  };
+  const a = await side(la);
+  const b = await side(lb);
+  const c = { pathMtu: 256 as const, ...o };
+  const qa = makeQp(a, 'RC', c);
+  const qb = makeQp(b, 'RC', c);
+  bringUp(qa, qb, b.ctx, c, 0x100, 0x200, ALL_ACCESS);
+  bringUp(qb, qa, a.ctx, c, 0x200, 0x100, ALL_ACCESS);
+  return { clock, la, lb, a, b, qa, qb };
+}
+
+t.test('a link that delivers at once: answers that come back inside the request\'s own send leave the send queue in order', async (t) => {
+  for (const sync of [false, true]) {
+    const how = sync ? 'at once' : 'a hop later';
+    // An atomic's ACK retires it inside its own send: the WRs behind it are sent each in turn.
+    {
+      const p = await directPair(sync);
+      const src = regMr(p.a.pd, pattern(4096, 3), ALL_ACCESS);
+      const dst = regMr(p.b.pd, new Uint8Array(4096), ALL_ACCESS);
+      for (let i = 0; i < 2; i++) postRecv(p.qb, { wrId: 100 + i, sgList: [dst.sge(i * 1024, 1024)] });
+      postSend(p.qa, [
+        { wrId: 1, opcode: 'ATOMIC_FETCH_AND_ADD', sgList: [src.sge(3000, 8)], atomic: { remoteAddr: dst.va(3000), rkey: dst.rkey, compareAdd: 1n } },
+        { wrId: 2, opcode: 'SEND', sgList: [src.sge(0, 100)] },
+        { wrId: 3, opcode: 'SEND', sgList: [src.sge(500, 100)] },
+      ]);
+      t.same(collect(p.clock, p.a.cq, 3, 2_000_000).map((w) => [Number(w.wrId), w.status]), [[1, 'SUCCESS'], [2, 'SUCCESS'], [3, 'SUCCESS']], `${how}: the atomic and both SENDs complete`);
+      t.same(collect(p.clock, p.b.cq, 2, 1).map((w) => [Number(w.wrId), w.byteLen]), [[100, 100], [101, 100]]);
+      t.same([...dst.buffer.subarray(0, 100)], [...src.buffer.subarray(0, 100)], `${how}: the first receive holds the first SEND`);
+      t.same([...dst.buffer.subarray(1024, 1124)], [...src.buffer.subarray(500, 600)], `${how}: the second, the second`);
+      t.equal(p.a.ctx.device.counters.ackTimeouts, 0, `${how}: no ACK timer ran out`);
+      t.equal(p.qa.core.pollAt(), undefined, `${how}: nothing left for the QP to run, no ACK timer`);
+    }
+    // A lone atomic answered inside its own send: no ACK timer is left for it.
+    {
+      const p = await directPair(sync);
+      const src = regMr(p.a.pd, new Uint8Array(8), ALL_ACCESS);
+      const dst = regMr(p.b.pd, new Uint8Array(8), ALL_ACCESS);
+      postSend(p.qa, { wrId: 1, opcode: 'ATOMIC_FETCH_AND_ADD', sgList: [src.sge(0, 8)], atomic: { remoteAddr: dst.va(0), rkey: dst.rkey, compareAdd: 1n } });
+      t.same(collect(p.clock, p.a.cq, 1, 2_000_000).map((w) => [Number(w.wrId), w.status]), [[1, 'SUCCESS']], `${how}: a lone atomic completes`);
+      t.equal(p.qa.core.pollAt(), undefined, `${how}: and leaves no ACK timer`);
+    }
+    // The first ACK is lost; the timer resends SEND 1, and the duplicate ACK, answered inside that
+    // resend, retires both SENDs: a third posted afterwards is sent and completes.
+    {
+      const p = await directPair(sync);
+      let acks = 0;
+      p.lb.pass = (d) => !(describePacket(d).startsWith('RC_ACKNOWLEDGE') && acks++ === 0);
+      const src = regMr(p.a.pd, pattern(4096, 3), ALL_ACCESS);
+      const dst = regMr(p.b.pd, new Uint8Array(4096), ALL_ACCESS);
+      for (let i = 0; i < 3; i++) postRecv(p.qb, { wrId: 100 + i, sgList: [dst.sge(i * 1024, 1024)] });
+      postSend(p.qa, [{ wrId: 1, opcode: 'SEND', sgList: [src.sge(0, 100)] }, { wrId: 2, opcode: 'SEND', sgList: [src.sge(100, 100)] }]);
+      t.same(collect(p.clock, p.a.cq, 2, 2_000_000).map((w) => Number(w.wrId)), [1, 2], `${how}, ACK lost: both SENDs complete after the resend`);
+      postSend(p.qa, { wrId: 3, opcode: 'SEND', sgList: [src.sge(200, 100)] });
+      t.same(collect(p.clock, p.a.cq, 1, 2_000_000).map((w) => [Number(w.wrId), w.status]), [[3, 'SUCCESS']], `${how}, ACK lost: the SEND posted next is sent and completes`);
+      t.same(collect(p.clock, p.b.cq, 3, 1).map((w) => Number(w.wrId)), [100, 101, 102]);
+      t.same([...dst.buffer.subarray(2048, 2148)], [...src.buffer.subarray(200, 300)], `${how}, ACK lost: the third receive holds the third SEND`);
+    }
+  }
+});
+
+t.test('a hook that changes attributes, or goes to SQD and back, leaves the work in hand to go on', async (t) => {
+  for (const variant of ['completion handler, RTS → RTS', 'completion handler, SQD → RTS', 'send hook, RTS → RTS'] as const) {
+    // The peer is gone: both SENDs run out of retries, and the QP fails.
+    const p = await directPair(false, { retryCnt: 1, timeout: 8 });
+    p.la.pass = () => false;
+    const src = regMr(p.a.pd, pattern(4096, 3), ALL_ACCESS);
+    let done = false;
+    const touch = (): void => {
+      if (done) return;
+      done = true;
+      if (variant.includes('SQD')) {
+        modifyQp(p.qa, { qpState: 'SQD' });
+        modifyQp(p.qa, { qpState: 'RTS' });
+      } else {
+        modifyQp(p.qa, { qpState: 'RTS', minRnrTimer: 3 });
+      }
+    };
+    if (variant.startsWith('completion')) p.a.cq.core.onCompletion = touch;
+    else p.la.onSend = touch;
+    postSend(p.qa, [{ wrId: 1, opcode: 'SEND', sgList: [src.sge(0, 100)] }, { wrId: 2, opcode: 'SEND', sgList: [src.sge(0, 100)] }]);
+    t.same(collect(p.clock, p.a.cq, 2, 60_000_000).map((w) => [Number(w.wrId), w.status]), [[1, 'RETRY_EXC_ERR'], [2, 'WR_FLUSH_ERR']], `${variant}: the retries run out as without it`);
+    t.equal(p.qa.core.state, 'ERR', `${variant}: the QP fails`);
+  }
 });
