@@ -249,11 +249,7 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState,
    */
   setState(next: QpState, reason: string): boolean {
     // A coalesced ACK answers what was received before the change: it goes out first.
-    if (this.respAckPending) {
-      const epoch = this.stateEpoch;
-      this.responder.flushAck(this);
-      if (this.stateEpoch !== epoch) return false;
-    }
+    if (this.responder.flushedAckLeftState(this)) return false;
     const from = this._state;
     this._state = next;
     if (next === 'RESET' || next === 'ERR' || next === 'SQE') this.stateEpoch++;

@@ -788,10 +788,10 @@ export class Responder {
   }
 
   /**
-   * Sends the coalesced ACK ahead of another response; true if that send's hook moved the QP, whose
-   * new state then has nothing of this response to send.
+   * Sends the coalesced ACK ahead of another response or a state change; true if that send's hook
+   * reset or failed the QP, whose new state then has nothing of what was to follow.
    */
-  private flushedAckLeftState(qp: ResponderQp): boolean {
+  flushedAckLeftState(qp: ResponderQp): boolean {
     if (!qp.respAckPending) return false;
     const epoch = qp.stateEpoch;
     this.flushAck(qp);

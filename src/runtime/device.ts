@@ -213,7 +213,7 @@ export class Device {
     if (this.qps.get(qp.qpn) !== qp) return; // destroyed already (or not this device's)
     // The coalesced ACK of the last receive batch still goes out, as it would have at once.
     if (!this.closed) qp.responder.flushAck(qp);
-    qp.respAckPending = false;
+    qp.respAckPending = false; // on a closed device, dropped: its link is gone
     this.cancel(qp);
     qp.queued = false; // left in the ready (or posted) queue, where a detached QP is skipped
     this.qps.delete(qp.qpn);

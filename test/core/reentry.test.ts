@@ -12,6 +12,7 @@ import { describe as describePacket, TraceLink } from '../../src/link/trace.js';
 import { VirtualClock } from '../../src/runtime/clock.js';
 import { aethKind, NAK_CODE, nakSyndrome } from '../../src/wire/aeth.js';
 import { ALL_ACCESS, bringUp, bth, collect, EngineHarness, makeQp, PEER, PEER_QPN, pattern, type Side } from '../helpers/engine.js';
+import { concat } from '../link/helpers.js';
 
 const E = 500; // the harness's expected PSN
 /** The peer as a UD address handle (its GID unused here). */
@@ -302,6 +303,8 @@ t.test('destroyQp from inside one of the QP\'s own sends: nothing more leaves it
  * sender's send (`sync`), or one clock hop later as MemoryLink does (`async`, the control). `pass`
  * may drop a datagram, `onSend` sees each one before it leaves. No ICRC: both ends check none.
  */
+const ICRC_PLACE = new Uint8Array(4); // left zero: neither end checks it
+
 class DirectLink implements Link {
   readonly caps: LinkCaps = { family: 4, icrcGenerate: false, icrcVerify: 'off', maxDatagram: 65507 };
   readonly drops = emptyDrops();
@@ -324,14 +327,7 @@ class DirectLink implements Link {
   }
 
   send(_dst: PeerAddress, srcPort: number, parts: readonly Uint8Array[]): void {
-    let len = 4; // the ICRC's place, left zero
-    for (const p of parts) len += p.length;
-    const d = new Uint8Array(len);
-    let at = 0;
-    for (const p of parts) {
-      d.set(p, at);
-      at += p.length;
-    }
+    const d = concat([...parts, ICRC_PLACE]);
     this.onSend();
     if (!this.pass(d)) return;
     const meta = { src: { address: this.local.address, port: srcPort }, icrc: 'unchecked' as const, ce: false, at: this.clock.now() };
