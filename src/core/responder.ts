@@ -858,14 +858,14 @@ export class Responder {
       parts.push(SHARED_HEADER_BUILDER.build(f));
       if (n > 0) parts.push(job.mr.viewAt(job.off, n));
       if (f.padCount) parts.push(PAD[f.padCount]!);
-      const jobs = qp.respJobs;
+      const epoch = qp.stateEpoch;
       qp.transmit(qp.attrs.dest!, parts);
       clearParts(parts);
       sent++;
-      // A link or trace hook that moved the QP to ERR or RESET from inside the send has given every
-      // job back already (`dropJobs`): this one may be another READ's by now, and the list the
-      // frozen empty one.
-      if (qp.respJobs !== jobs) break;
+      // A link or trace hook that reset or failed the QP from inside the send has given every job
+      // back already (`dropJobs`): this one may be another READ's by now, and the list the frozen
+      // empty one.
+      if (qp.stateEpoch !== epoch) break;
       job.fresh = false;
       job.psn = psnAdd(job.psn, 1);
       job.off += n;
