@@ -47,7 +47,10 @@ const TAKEN: (SendWqe | undefined)[] = [];
 export interface QpIo {
   transmit(dst: Endpoint, srcPort: number, parts: readonly Uint8Array[]): void;
   event(ev: AsyncEvent): void;
-  /** Called on every state change, for tracing: `qp 0x11 RTS=>ERR (retry exceeded)`. */
+  /**
+   * Called on every state change, for tracing (`qp 0x11 RTS=>ERR (retry exceeded)`), in order, after
+   * the new state's work (ERR's flushes); it may move the QP again.
+   */
   stateChanged?(qpn: Qpn, from: QpState, to: QpState, reason: string): void;
 }
 
@@ -212,6 +215,8 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState,
   private sqdNotifyPending = false;
   /** Why the QP last changed state. */
   stateReason = 'created';
+  /** The state the last change left, until the change is reported (`reportStateChange`). */
+  private unreportedFrom: QpState | undefined = undefined;
 
   constructor(init: QpInit) {
     this.qpn = init.qpn;
@@ -250,11 +255,13 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState,
   setState(next: QpState, reason: string): boolean {
     // A coalesced ACK answers what was received before the change: it goes out first.
     if (this.responder.flushedAckLeftState(this)) return false;
+    // A change whose work this one interrupts (a flushed WR's handler moving the QP) is reported first.
+    this.reportStateChange();
     const from = this._state;
     this._state = next;
     if (next === 'RESET' || next === 'ERR' || next === 'SQE') this.stateEpoch++;
     this.stateReason = reason;
-    if (from !== next) this.io.stateChanged?.(this.qpn, from, next, reason);
+    if (from !== next) this.unreportedFrom = from;
     switch (next) {
       case 'RESET':
         this.sqClear();
@@ -281,8 +288,9 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState,
         this.flushSend();
         break;
       case 'ERR':
-        this.flushSend();
-        this.flushRecv();
+        // A flushed WR's completion handler may reset the QP (and bring it up again): what is left
+        // of ERR's work is then that change's.
+        if (!this.flushSend() || !this.flushRecv()) break;
         this.responder.abandon(this);
         this.ackDeadline = undefined;
         this.rnrUntil = undefined;
@@ -290,7 +298,17 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState,
       default:
         break;
     }
+    // Reported once the state's work is done: an observer that moves the QP on finds ERR's flush
+    // completions written, and its change the later one.
+    this.reportStateChange();
     return true;
+  }
+
+  private reportStateChange(): void {
+    const from = this.unreportedFrom;
+    if (from === undefined) return;
+    this.unreportedFrom = undefined;
+    this.io.stateChanged?.(this.qpn, from, this._state, this.stateReason);
   }
 
   /** Modify QP (11.2.4.2): check everything, then apply. Throws and changes nothing on error. */
@@ -824,24 +842,35 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState,
     cq.commit();
   }
 
-  /** Every outstanding send WR completes with WR_FLUSH_ERR (10.3.1, C10-?: flushed WRs always complete). */
-  private flushSend(): void {
+  /**
+   * Every outstanding send WR completes with WR_FLUSH_ERR (10.3.1, C10-?: flushed WRs always
+   * complete). False when a completion's handler reset or failed the QP: the WRs left are that
+   * change's (RESET drops them; a QP brought up again from RESET posts new ones, not to be flushed).
+   */
+  private flushSend(): boolean {
+    const epoch = this.stateEpoch;
     for (let w = this.sqShift(); w; w = this.sqShift()) {
       if (w.holdsRdAtomic) w.holdsRdAtomic = false;
       this.completeSend(w, 'WR_FLUSH_ERR', 0);
       releaseSendWqe(w);
+      if (this.stateEpoch !== epoch) return false;
     }
     this.reqRdAtomic = 0;
     this.reqCursor = this.sqHead;
+    return true;
   }
 
-  private flushRecv(): void {
+  /** As `flushSend`, for the receive queue. */
+  private flushRecv(): boolean {
+    const epoch = this.stateEpoch;
     for (let w = this.rq.shift(); w; w = this.rq.shift()) {
       this.pushCompletion(this.recvCq, {
         wrId: w.wrId, status: 'WR_FLUSH_ERR', opcode: 'RECV', vendorErr: 0, byteLen: 0, qpNum: this.qpn, srcQp: 0, wcFlags: 0, pkeyIndex: 0,
       });
       releaseRecvWqe(w);
+      if (this.stateEpoch !== epoch) return false;
     }
+    return true;
   }
 
   private pushCompletion(cq: CompletionQueue, wc: WorkCompletion): void {

@@ -285,8 +285,11 @@ export class Responder {
       const epoch = qp.stateEpoch;
       this.flushReads(qp);
       // A hook moved the QP from inside a response's send (to ERR or RESET, say): the request
-      // arrived for the state the QP has left, and is dropped as the device drops one for ERR.
-      if (qp.stateEpoch !== epoch) return OK;
+      // arrived for the state the QP has left, and is dropped (and counted) as the device drops one for ERR.
+      if (qp.stateEpoch !== epoch) {
+        qp.counters.badState++;
+        return OK;
+      }
     }
     const verdict =
       this.checkPsn(qp, pkt, info) ??

@@ -40,7 +40,10 @@ export interface DeviceOptions {
   clock: Clock;
   /** The port's active MTU (bytes): caps pathMtu and bounds UD messages. Default 4096, or less if the link cannot carry it. */
   mtu?: number;
-  /** Called on every QP state change (traces). */
+  /**
+   * Called on every QP state change (traces), in order, once the new state's work is done (ERR's
+   * flush completions written); it may move the QP again.
+   */
   onStateChange?: (qpn: Qpn, from: QpState, to: QpState, reason: string) => void;
   /** Called on every dropped packet with its counter name (traces, tests). */
   onDrop?: (reason: keyof Counters, detail: string) => void;

@@ -53,6 +53,7 @@ t.test('a request behind READ responses whose send moved the QP is not executed'
       t.same([...dst.buffer.subarray(0, 16)], new Array(16).fill(0), `${next}, then a ${kind}: memory untouched`);
       t.equal(h.qp.state, next);
       t.equal(h.qp.respJobs.length, 0, `${next}, then a ${kind}: no READ job left`);
+      t.equal(h.counters.badState, 1, `${next}, then a ${kind}: the request counted as dropped for the QP's state`);
       if (next === 'RESET') {
         // A job left on the QP used to make pollAt() answer "at once" for ever in INIT, where poll
         // sends nothing: the device ran the QP again and again at one instant.
@@ -429,5 +430,64 @@ t.test('a hook that changes attributes, or goes to SQD and back, leaves the work
     postSend(p.qa, [{ wrId: 1, opcode: 'SEND', sgList: [src.sge(0, 100)] }, { wrId: 2, opcode: 'SEND', sgList: [src.sge(0, 100)] }]);
     t.same(collect(p.clock, p.a.cq, 2, 60_000_000).map((w) => [Number(w.wrId), w.status]), [[1, 'RETRY_EXC_ERR'], [2, 'WR_FLUSH_ERR']], `${variant}: the retries run out as without it`);
     t.equal(p.qa.core.state, 'ERR', `${variant}: the QP fails`);
+  }
+});
+
+t.test("a state observer that moves the QP finds the state's work done: ERR's flush completions come before its RESET", async (t) => {
+  const flushed = (h: EngineHarness): number[][] => [h.scq, h.rcq].map((cq) => cq.poll(8).map((w) => Number(w.wrId)));
+  for (const how of ['modify', 'a local protection error'] as const) {
+    const h = new EngineHarness('RC');
+    const m = h.mr(64);
+    h.qp.postRecv(0, [10, 11].map((wrId) => ({ wrId, sgList: [m.sge(0, 64)] })));
+    const seen: string[] = [];
+    h.onStateChange = (from, to) => {
+      seen.push(`${from}=>${to}`);
+      if (to === 'ERR') h.qp.modify(0, { qpState: 'RESET' });
+    };
+    if (how === 'modify') {
+      h.qp.postSend(0, [1, 2].map((wrId) => ({ wrId, opcode: 'SEND' as const, sgList: [m.sge(0, 8)] })));
+      h.poll(0);
+      h.qp.modify(0, { qpState: 'ERR' });
+    } else {
+      h.qp.postSend(0, [{ wrId: 1, opcode: 'SEND', sgList: [{ addr: 0n, length: 8, lkey: 0xdead }] }, { wrId: 2, opcode: 'SEND', sgList: [m.sge(0, 8)] }]);
+      h.poll(0);
+    }
+    t.same(flushed(h), [[1, 2], [10, 11]], `${how}: every send and receive WR completed before the observer's RESET`);
+    t.same(seen, ['RTS=>ERR', 'ERR=>RESET'], `${how}: the observer saw both changes, in order`);
+    t.equal(h.qp.state, 'RESET');
+  }
+});
+
+t.test("a completion handler that reconnects the QP during ERR's flush: the new connection's work requests are not flushed", async (t) => {
+  for (const which of ['send', 'receive'] as const) {
+    const h = new EngineHarness('RC');
+    const m = h.mr(64);
+    h.qp.postRecv(0, [10, 11].map((wrId) => ({ wrId, sgList: [m.sge(0, 64)] })));
+    h.qp.postSend(0, [1, 2].map((wrId) => ({ wrId, opcode: 'SEND' as const, sgList: [m.sge(0, 8)] })));
+    h.poll(0);
+    const done: string[] = [];
+    let reconnected = false;
+    const handler = (q: typeof h.scq): void => {
+      const w = q.shift()!;
+      done.push(`${w.wrId}/${w.status}`);
+      if (reconnected || q !== (which === 'send' ? h.scq : h.rcq)) return;
+      reconnected = true;
+      h.qp.modify(0, { qpState: 'RESET' });
+      reconnect(h, 0, 7000);
+      h.qp.postRecv(0, [{ wrId: 20, sgList: [m.sge(0, 64)] }]);
+      h.qp.postSend(0, [{ wrId: 3, opcode: 'SEND', sgList: [m.sge(0, 8)] }]);
+    };
+    h.scq.onCompletion = handler;
+    h.rcq.onCompletion = handler;
+    const seen: string[] = [];
+    h.onStateChange = (from, to) => seen.push(`${from}=>${to}`);
+    h.qp.modify(0, { qpState: 'ERR' });
+    t.equal(h.qp.state, 'RTS', `${which}: the handler's RTS stands`);
+    t.same(seen, ['RTS=>ERR', 'ERR=>RESET', 'RESET=>INIT', 'INIT=>RTR', 'RTR=>RTS'], `${which}: an observer saw every change, in order`);
+    const want = which === 'send' ? ['1/WR_FLUSH_ERR'] : ['1/WR_FLUSH_ERR', '2/WR_FLUSH_ERR', '10/WR_FLUSH_ERR'];
+    t.same(done, want, `${which}: flushed up to the handler's RESET, which took the rest; the new WRs not flushed`);
+    t.same(h.names(h.poll(1)), ['SEND_ONLY@7000!'], `${which}: the new SEND goes out`);
+    h.send({ bth: bth('RC_SEND_ONLY', E, { ackReq: true }), payload: pattern(8) }, 2);
+    t.same(done.slice(want.length), ['20/SUCCESS'], `${which}: a SEND from the peer lands in the new receive`);
   }
 });

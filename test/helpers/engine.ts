@@ -145,7 +145,7 @@ import { newCounters } from '../../src/core/counters.js';
 import { CompletionQueue } from '../../src/core/cq.js';
 import { MrTable, ProtectionDomain, type MemoryRegion } from '../../src/core/mr.js';
 import { ASAP, QueuePair } from '../../src/core/qp.js';
-import type { AsyncEvent } from '../../src/core/types.js';
+import type { AsyncEvent, QpState } from '../../src/core/types.js';
 import { emitPacket, packetLength, parsePacket, type RocePacket } from '../../src/wire/packet.js';
 import { opcodeOf } from '../../src/wire/opcode.js';
 import type { Bth } from '../../src/wire/bth.js';
@@ -175,6 +175,8 @@ export class EngineHarness {
   readonly wire: Uint8Array[] = [];
   /** Called with each packet the QP sends, from inside its send, as a link's or tracer's hook is. */
   onTransmit: ((p: RocePacket) => void) | undefined;
+  /** Called on each of the QP's state changes, as a device's `onStateChange` observer is. */
+  onStateChange: ((from: QpState, to: QpState) => void) | undefined;
 
   constructor(type: QpType, o: ConnectOptions & { maxDestRdAtomic?: number } = {}) {
     this.qp = new QueuePair({
@@ -196,6 +198,7 @@ export class EngineHarness {
           this.onTransmit?.(r.packet);
         },
         event: (ev) => this.events.push(ev),
+        stateChanged: (_qpn, from, to) => this.onStateChange?.(from, to),
       },
     });
     const q = this.qp;
