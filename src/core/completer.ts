@@ -43,6 +43,7 @@ const NONE: CompleterAction = { kind: 'none' };
 const PROGRESS: CompleterAction = { kind: 'progress' };
 const RC_READ_RESPONSE_MIDDLE = OPCODE['RC_RDMA_READ_RESPONSE_MIDDLE']!;
 const RC_READ_RESPONSE_LAST = OPCODE['RC_RDMA_READ_RESPONSE_LAST']!;
+const RC_ACKNOWLEDGE = OPCODE['RC_ACKNOWLEDGE']!;
 
 
 /** The completer's state (rxe `struct rxe_comp_info`), held in the QP's record. */
@@ -188,7 +189,10 @@ export class Completer {
         ctx.counters.badOpcodeSeq++;
         return NONE;
       }
-    } else if (ctx.compOpcode !== -1 && pkt.bth.opcode !== RC_READ_RESPONSE_MIDDLE && pkt.bth.opcode !== RC_READ_RESPONSE_LAST) {
+    } else if (ctx.compOpcode !== -1 && pkt.bth.opcode !== RC_READ_RESPONSE_MIDDLE && pkt.bth.opcode !== RC_READ_RESPONSE_LAST &&
+               !(pkt.bth.opcode === RC_ACKNOWLEDGE && aethKind(pkt.aeth!.syndrome) !== 'ACK')) {
+      // Inside a READ's responses only the next one, or a NAK that ends them (the responder found
+      // the region gone: rxe's check_ack lets an ACKNOWLEDGE through there for its NAK code).
       ctx.counters.badOpcodeSeq++;
       return NONE;
     }

@@ -26,7 +26,7 @@ import { MAX_ACK_BACKOFF, MAX_PKTS_PER_POLL } from './limits.js';
 import { sgeTotal, type MemoryRegion, type MrTable, type ProtectionDomain } from './mr.js';
 import { checkModify, maskFromAttr, mtuBytes } from './qp-state.js';
 import { isReadOrAtomic, REQUESTER, WR_OPCODES_FOR, type RequesterState } from './requester.js';
-import { NO_JOBS, NO_SEGMENTS, RESPONDER, type ReadJob, type Resource, type ResponderState } from './responder.js';
+import { NO_JOBS, NO_SEGMENTS, RESPONDER, type ReadJob, type Resource, type ResponderHost, type ResponderState } from './responder.js';
 import { ackTimeoutUs, earliest, type Micros } from './time.js';
 import {
   QP_ATTR_MASK as M, SEND_FLAGS, WC_FLAGS,
@@ -73,7 +73,7 @@ const WC_OPCODE_OF: Readonly<Record<WrOpcode, WcOpcode>> = {
   RDMA_READ: 'RDMA_READ', ATOMIC_CMP_AND_SWP: 'COMP_SWAP', ATOMIC_FETCH_AND_ADD: 'FETCH_ADD',
 };
 
-export class QueuePair implements EngineContext, CompleterState, RequesterState, ResponderState {
+export class QueuePair implements EngineContext, CompleterState, RequesterState, ResponderState, ResponderHost {
   // Field order is memory order: V8 lays an object out in the order its fields are defined. The
   // fields a message reads come first, so that with thousands of QPs (each one cold in cache when its
   // turn comes) a message reads three or four lines of this record; the rest follow. It matters:
@@ -714,6 +714,10 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState,
 
   postRecvCompletion(wc: WorkCompletion): void {
     this.pushCompletion(this.recvCq, wc);
+  }
+
+  responderFailed(reason: string, epoch: number): void {
+    this.fail(`responder: ${reason}`, epoch);
   }
 
   // ---------------------------------------------------------------------------------------

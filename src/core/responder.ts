@@ -217,7 +217,16 @@ export interface ResponderState {
 }
 
 /** What the responder works on: the QP, its state and its context. */
-export type ResponderQp = EngineContext & ResponderState;
+/** What the responder asks of its QP beyond sending. */
+export interface ResponderHost {
+  /**
+   * A class C error found outside a request's own checks (a READ's region gone while its responses
+   * go out): QP → ERR, unless its state changed since `epoch`.
+   */
+  responderFailed(reason: string, epoch: number): void;
+}
+
+export type ResponderQp = EngineContext & ResponderState & ResponderHost;
 
 /**
  * The engine: one instance serves every QP (`RESPONDER`); each call gets the QP, which is its
@@ -842,6 +851,13 @@ export class Responder {
     const mtu = qp.attrs.pathMtu;
     while (sent < budget && qp.respJobs.length > 0) {
       const job = qp.respJobs[0]!;
+      // The region is checked again before every response, as rxe's read_reply does
+      // (rxe_recheck_mr): one deregistered since the request was accepted, or whose R_Key a SEND
+      // with Invalidate took, ends the READ with a remote access NAK and the QP in ERR (class C).
+      if (job.mr.deregistered || job.mr.rkeyInvalidated) {
+        this.readFault(qp, job);
+        break;
+      }
       const n = Math.min(job.resid, mtu);
       const isLast = job.resid <= mtu;
       let opcode: number;
@@ -876,6 +892,15 @@ export class Responder {
       if (isLast) releaseJob(qp.respJobs.shift()!);
     }
     return sent;
+  }
+
+  /** A READ whose region went away: NAK the next response's PSN, as the requester expects it, and fail the QP. */
+  private readFault(qp: ResponderQp, job: ReadJob): void {
+    qp.counters.rkeyViolation++;
+    const why = `READ ${job.mr.deregistered ? 'noKey' : 'invalidated'} rkey=0x${job.mr.rkey.toString(16)} at PSN ${job.psn}`;
+    const epoch = qp.stateEpoch;
+    this.sendAck(qp, nakSyndrome(NAK_CODE.REMOTE_ACCESS_ERROR), job.psn);
+    qp.responderFailed(why, epoch);
   }
 
   private flushReads(qp: ResponderQp): void {

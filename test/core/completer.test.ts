@@ -240,6 +240,23 @@ t.test('READ responses out of order: dropped, re-requested from the gap', async 
   t.same(dst.buffer, data);
 });
 
+t.test('a NAK inside a READ\'s responses ends the READ with its error; a plain ACK there is dropped', async (t) => {
+  const h = new EngineHarness('RC');
+  const dst = h.mr(768);
+  h.qp.postSend(0, [{ wrId: 1, opcode: 'RDMA_READ', sgList: [dst.sge(0, 768)], rdma: { remoteAddr: 0x1000n, rkey: 9 } }]);
+  h.poll();
+  const data = pattern(768, 6);
+  h.send({ bth: bth('RC_RDMA_READ_RESPONSE_FIRST', S), aeth: { syndrome: ackSyndrome(), msn: 1 }, payload: data.subarray(0, 256) });
+  h.send(ack(S + 1, ackSyndrome(), 1));
+  t.equal(h.counters.badOpcodeSeq, 1, 'a plain ACK at the MIDDLE\'s PSN: out of sequence, dropped');
+  t.same(h.scq.poll(4), [], 'nothing completed');
+  // The responder found the region gone (deregistered, or its R_Key invalidated) before the MIDDLE.
+  h.send(ack(S + 1, nakSyndrome(NAK_CODE.REMOTE_ACCESS_ERROR), 1));
+  t.match(h.scq.poll(4), [{ wrId: 1n, status: 'REM_ACCESS_ERR' }], 'NAK Remote Access Error at the MIDDLE\'s PSN: the READ fails');
+  t.equal(h.qp.state, 'ERR');
+  t.equal(h.counters.badOpcodeSeq, 1, 'the NAK was not dropped');
+});
+
 t.test('atomic ACK: original value lands little-endian in the local buffer', async (t) => {
   const h = new EngineHarness('RC');
   const res = h.mr(8);

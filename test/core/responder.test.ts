@@ -212,6 +212,37 @@ t.test('READ: response packets, then a duplicate READ is re-executed from its PS
   t.equal(h.counters.dupReadReplay, 1);
 });
 
+t.test('a READ whose region is deregistered or its R_Key invalidated while its responses go out: NAK Remote Access Error at the next response\'s PSN, QP to ERR, nothing more read', async (t) => {
+  for (const [why, revoke] of [
+    ['deregistered', (h: EngineHarness, mr: ReturnType<EngineHarness['mr']>) => h.mrs.deregister(mr)],
+    ['R_Key invalidated', (h: EngineHarness, mr: ReturnType<EngineHarness['mr']>) => t.ok(h.mrs.invalidate(h.pd, mr.rkey))],
+  ] as const) {
+    // Between two runs of the QP (a run sends at most its budget), and from inside a response's send.
+    for (const when of ['between runs', 'in a send'] as const) {
+      const h = new EngineHarness('RC');
+      const mr = h.mr(pattern(600, 9));
+      h.send({ bth: bth('RC_RDMA_READ_REQUEST', E, { ackReq: true }), reth: { va: mr.va(0), rkey: mr.rkey, dmaLength: 600 } });
+      let out;
+      if (when === 'between runs') {
+        h.qp.poll(0, 1);
+        revoke(h, mr);
+        out = h.poll(0);
+      } else {
+        h.onTransmit = () => {
+          if (!mr.deregistered && !mr.rkeyInvalidated) revoke(h, mr);
+        };
+        out = h.poll(0);
+      }
+      t.same(h.names(out), [`RDMA_READ_RESPONSE_FIRST@${E}`, `ACKNOWLEDGE@${E + 1}`], `${why}, ${when}: the FIRST, then a NAK at the MIDDLE's PSN`);
+      t.equal(syn(out[1]!), nakSyndrome(NAK_CODE.REMOTE_ACCESS_ERROR), `${why}, ${when}: NAK Remote Access Error`);
+      t.equal(h.qp.state, 'ERR', `${why}, ${when}: QP to ERR`);
+      t.same(h.events.map((e) => e.type), ['QP_FATAL'], `${why}, ${when}: the affiliated error`);
+      t.equal(h.counters.rkeyViolation, 1, `${why}, ${when}: counted`);
+      t.equal(h.qp.respJobs.length, 0, `${why}, ${when}: no job left`);
+    }
+  }
+});
+
 t.test('READ/atomic resources: a ring of maxDestRdAtomic records refilled in place, the oldest first; duplicates find only what it holds', async (t) => {
   const h = new EngineHarness('RC', { maxDestRdAtomic: 2 });
   const mr = h.mr(pattern(600, 5));
