@@ -90,8 +90,20 @@ export interface EmitResult {
 // thousands of QPs taking turns, a record and a list of each QP's own were cold at every packet.
 const REQUEST_FIELDS = blankFields();
 const REQUEST_PARTS: Uint8Array[] = [];
-/** `emit`'s answer, shared: the caller reads it before anything can emit again. */
+/**
+ * `emit`'s answer, one record for every requester, read by the caller before anything can emit
+ * again: a run per message with thousands of QPs made a fresh one per message, and one per
+ * requester was cold.
+ */
 const EMIT_RESULT: EmitResult = { sent: 0, expectsResponse: false, error: undefined };
+
+function emitResult(sent: number, expectsResponse: boolean, error: EmitResult['error']): EmitResult {
+  const r = EMIT_RESULT;
+  r.sent = sent;
+  r.expectsResponse = expectsResponse;
+  r.error = error;
+  return r;
+}
 
 /** The requester's state (rxe `struct rxe_req_info`), held in the QP's record as rxe embeds it. */
 export interface RequesterState {
@@ -149,13 +161,12 @@ export class Requester {
 
   /** Sends up to `budget` packets. */
   emit(s: RequesterState, ctx: EngineContext, compPsn: Psn, budget: number): EmitResult {
-    // One record for every requester, read by the caller before anything emits again: a run per
-    // message with thousands of QPs made a fresh one per message, and one per requester was cold.
-    const res = EMIT_RESULT;
-    res.sent = 0;
-    res.expectsResponse = false;
-    res.error = undefined;
-    while (res.sent < budget) {
+    // Counted in locals, and written into the shared record only on the way out: a link that
+    // delivers at once can run another QP's emit from inside `sendOne` (the peer answers, and a
+    // completion's handler posts), which writes that record too.
+    let sent = 0;
+    let expectsResponse = false;
+    while (sent < budget) {
       if (this.blocked(s, ctx, compPsn) !== undefined) break;
       const wqe = s.sqAt(s.reqCursor)!;
       if (wqe.state === 'pending' || wqe.state === 'done') {
@@ -164,16 +175,13 @@ export class Requester {
       }
       if (wqe.state === 'posted') {
         const status = this.start(s, ctx, wqe);
-        if (status !== undefined) {
-          res.error = { wqe, status };
-          return res;
-        }
+        if (status !== undefined) return emitResult(sent, expectsResponse, { wqe, status });
       }
       this.sendOne(s, ctx, wqe);
-      res.sent++;
-      if (ctx.type === 'RC') res.expectsResponse = true;
+      sent++;
+      if (ctx.type === 'RC') expectsResponse = true;
     }
-    return res;
+    return emitResult(sent, expectsResponse, undefined);
   }
 
   /**

@@ -321,8 +321,11 @@ export class Device {
     this.postedQps = this.postedSpare;
     this.postedN = 0;
     for (let i = 0; i < n; i++) batch[i]!.postQueued = false;
-    this.runBatch(batch, n);
-    this.postedSpare = batch;
+    try {
+      this.runBatch(batch, n);
+    } finally {
+      this.postedSpare = batch; // emptied by runBatch, also when it throws
+    }
   };
 
   private cancel(qp: QueuePair): void {
@@ -342,6 +345,16 @@ export class Device {
     if (this.closed) return;
     const now = this.clock.now();
     const d = this.deadlines;
+    try {
+      this.runDue(d, now);
+    } finally {
+      // Re-armed for what is left also when the application's code threw from inside a QP's run.
+      const next = d.topAt();
+      if (!this.closed && next !== undefined && next < this.armedAt) this.arm(next);
+    }
+  };
+
+  private runDue(d: DeadlineHeap<QueuePair>, now: number): void {
     let read = false;
     for (let at = d.topAt(); at !== undefined && at <= now; at = d.topAt()) {
       const qp = d.pop()!;
@@ -360,9 +373,7 @@ export class Device {
       // does): with thousands of QPs, most of them come up only to re-arm, and each read the clock.
       this.runQp(qp, now);
     }
-    const next = d.topAt();
-    if (next !== undefined && next < this.armedAt) this.arm(next);
-  };
+  }
 
   private deferRun(): void {
     if (this.runPending) return;
@@ -405,11 +416,24 @@ export class Device {
     const n = this.readyN;
     if (n === 0) return;
     const batch = this.ready;
-    this.ready = this.spare;
+    // A run inside a run (a link that delivers at once answers a batch from inside a send) takes
+    // the spare array the outer run is filling: the QPs it makes ready go to a new one.
+    const nested = this.runningReady;
+    this.ready = nested ? [] : this.spare;
     this.readyN = 0;
-    this.runBatch(batch, n);
-    this.spare = batch;
+    this.runningReady = true;
+    try {
+      this.runBatch(batch, n);
+    } finally {
+      if (!nested) {
+        this.runningReady = false;
+        this.spare = batch;
+      }
+    }
   }
+
+  /** `runReady` is under way: its batch is out of the queue, and `ready` is the spare array. */
+  private runningReady = false;
 
   /** Runs the first `n` QPs of `batch` and empties their slots. */
   private runBatch(batch: (QueuePair | undefined)[], n: number): void {
@@ -417,18 +441,41 @@ export class Device {
     // run's cost. The QPs see the time the batch started; a deadline that passes during the batch
     // is armed instead of run at once (see kick).
     const now = this.clock.now();
-    for (let i = 0; i < n; i++) {
-      const qp = batch[i]!;
-      batch[i] = undefined;
-      if (!qp.queued) continue; // destroyed since
-      qp.queued = false;
-      this.runQp(qp, now);
+    let i = 0;
+    try {
+      for (; i < n; i++) {
+        const qp = batch[i]!;
+        batch[i] = undefined;
+        if (!qp.queued) continue; // destroyed since
+        qp.queued = false;
+        this.runQp(qp, now);
+      }
+    } finally {
+      // The application's code threw from inside a QP's run (a completion handler, a link): the QPs
+      // after it keep their turn, on the next run, and the exception goes on to the caller.
+      if (i < n) this.requeue(batch, i + 1, n);
     }
+  }
+
+  /** The QPs of a batch that had not run when one of them threw, back in the ready queue. */
+  private requeue(batch: (QueuePair | undefined)[], from: number, n: number): void {
+    for (let k = from; k < n; k++) {
+      const qp = batch[k]!;
+      batch[k] = undefined;
+      if (qp.queued) this.ready[this.readyN++] = qp;
+    }
+    if (this.readyN > 0) this.deferRun();
   }
 
   private runQp(qp: QueuePair, now: number = this.clock.now()): void {
     if (this.closed || !qp.attached) return;
-    qp.poll(now, MAX_PKTS_PER_POLL);
+    try {
+      qp.poll(now, MAX_PKTS_PER_POLL);
+    } catch (e) {
+      // The application's code threw from inside the run: the QP is still scheduled for what it has left.
+      this.kick(qp, now);
+      throw e;
+    }
     this.kick(qp, now);
   }
 
@@ -472,7 +519,13 @@ export class Device {
     if ((st !== 'RTS' && st !== 'SQD') || (((b[2]! << 8) | b[3]!) & 0x7fff) !== (DEFAULT_PKEY & 0x7fff)) return false;
     if (this.normalize(meta.src.address) !== qp.dest?.address) return false;
     const now = this.rxTimeOnClock ? meta.at : this.clock.now();
-    if (!qp.onAck(now, (b[9]! << 16) | (b[10]! << 8) | b[11]!, b[12]!)) return false;
+    try {
+      if (!qp.onAck(now, (b[9]! << 16) | (b[10]! << 8) | b[11]!, b[12]!)) return false;
+    } catch (e) {
+      this.counters.rcvdPkts++;
+      this.kick(qp, now); // a completion's handler threw: as in `deliver`
+      throw e;
+    }
     this.counters.rcvdPkts++;
     this.kick(qp, now);
     return true;
@@ -518,7 +571,14 @@ export class Device {
     rx.srcAddress = meta.src.address;
     rx.dstAddress = this.link.local.address;
     rx.udpLength = payload.length;
-    qp.onPacket(now, pkt, info, rx);
+    try {
+      qp.onPacket(now, pkt, info, rx);
+    } catch (e) {
+      // The application's code threw from inside (a receive's completion handler): the QP still
+      // gets its run for what the packet left it (the ACK of what it completed).
+      this.kick(qp, now);
+      throw e;
+    }
     this.kick(qp, now);
   }
 
@@ -581,9 +641,15 @@ export class Device {
 
   async close(): Promise<void> {
     if (this.closed) return;
-    // Coalesced ACKs still waiting for the end of the receive batch go out before the link closes.
+    // Coalesced ACKs still waiting go out before the link closes: for the end of the receive batch,
+    // or, when the close comes from the application's code inside the engine (a receive's completion
+    // handler), for the run of a QP not in any queue yet. Their requests completed here; unanswered,
+    // the peer would retry them into a closed device and fail them.
+    for (const qp of this.qps.values()) {
+      if (qp.respAckPending) qp.responder.flushAck(qp);
+      if (this.closed) return; // closed from inside that send
+    }
     const waiting = [...this.ready.slice(0, this.readyN), ...this.postedQps.slice(0, this.postedN)] as QueuePair[];
-    for (const qp of waiting) if (qp.queued) qp.responder.flushAck(qp);
     this.closed = true;
     this.gsi.close();
     this.armed?.cancel();

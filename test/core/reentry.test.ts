@@ -5,13 +5,13 @@
  * the request, the error transition, the timer or the packet it was in the middle of.
  */
 import t from 'tap';
-import { allocPd, createCq, destroyQp, modifyQp, openDevice, postRecv, postSend, regMr, type Qp } from '../../src/api/verbs.js';
+import { allocPd, closeDevice, createAh, createCq, destroyQp, modifyQp, openDevice, pollCq, postRecv, postSend, regMr, type Qp } from '../../src/api/verbs.js';
 import { emptyDrops, type Link, type LinkCaps, type LinkRxHandler, type PeerAddress } from '../../src/link/link.js';
 import { MemoryLink } from '../../src/link/memory.js';
 import { describe as describePacket, TraceLink } from '../../src/link/trace.js';
 import { VirtualClock } from '../../src/runtime/clock.js';
 import { aethKind, NAK_CODE, nakSyndrome } from '../../src/wire/aeth.js';
-import { ALL_ACCESS, bringUp, bth, collect, EngineHarness, makeQp, PEER, PEER_QPN, pattern, type Side } from '../helpers/engine.js';
+import { ALL_ACCESS, bringUp, bth, collect, connectPair, EngineHarness, makeQp, memoryPair, PEER, PEER_QPN, pattern, type Side } from '../helpers/engine.js';
 import { concat } from '../link/helpers.js';
 
 const E = 500; // the harness's expected PSN
@@ -313,11 +313,13 @@ class DirectLink implements Link {
   pass: (datagram: Uint8Array) => boolean = () => true;
   onSend: () => void = () => undefined;
   private handler: LinkRxHandler | undefined;
-  constructor(private readonly clock: VirtualClock, readonly local: PeerAddress, private readonly sync: boolean) {}
+  private batchEnd: ((last: boolean) => void) | undefined;
+  /** `batchEnds`: each datagram is a receive batch of its own, whose end the peer's device is told. */
+  constructor(private readonly clock: VirtualClock, readonly local: PeerAddress, private readonly sync: boolean, private readonly batchEnds = false) {}
 
-  static pair(clock: VirtualClock, sync: boolean): [DirectLink, DirectLink] {
-    const a = new DirectLink(clock, { address: '10.0.0.1', port: 4791 }, sync);
-    const b = new DirectLink(clock, { address: '10.0.0.2', port: 4791 }, sync);
+  static pair(clock: VirtualClock, sync: boolean, batchEnds = false): [DirectLink, DirectLink] {
+    const a = new DirectLink(clock, { address: '10.0.0.1', port: 4791 }, sync, batchEnds);
+    const b = new DirectLink(clock, { address: '10.0.0.2', port: 4791 }, sync, batchEnds);
     a.peer = b;
     b.peer = a;
     return [a, b];
@@ -327,12 +329,19 @@ class DirectLink implements Link {
     this.handler = handler;
   }
 
+  onReceiveBatchEnd(fn: (last: boolean) => void): void {
+    if (this.batchEnds) this.batchEnd = fn;
+  }
+
   send(_dst: PeerAddress, srcPort: number, parts: readonly Uint8Array[]): void {
     const d = concat([...parts, ICRC_PLACE]);
     this.onSend();
     if (!this.pass(d)) return;
     const meta = { src: { address: this.local.address, port: srcPort }, icrc: 'unchecked' as const, ce: false, at: this.clock.now() };
-    const deliver = (): void => this.peer.handler?.(d, meta);
+    const deliver = (): void => {
+      this.peer.handler?.(d, meta);
+      this.peer.batchEnd?.(true);
+    };
     if (this.sync) deliver();
     else this.clock.at(this.clock.now() + 2, deliver);
   }
@@ -342,9 +351,9 @@ class DirectLink implements Link {
   }
 }
 
-async function directPair(sync: boolean, o: { retryCnt?: number; timeout?: number } = {}): Promise<{ clock: VirtualClock; la: DirectLink; lb: DirectLink; a: Side; b: Side; qa: Qp; qb: Qp }> {
+async function directPair(sync: boolean, o: { retryCnt?: number; timeout?: number; batchEnds?: boolean } = {}): Promise<{ clock: VirtualClock; la: DirectLink; lb: DirectLink; a: Side; b: Side; qa: Qp; qb: Qp }> {
   const clock = new VirtualClock();
-  const [la, lb] = DirectLink.pair(clock, sync);
+  const [la, lb] = DirectLink.pair(clock, sync, o.batchEnds);
   const side = async (link: DirectLink): Promise<Side> => {
     const ctx = await openDevice({ address: link.local.address, link, clock });
     return { ctx, pd: allocPd(ctx), cq: createCq(ctx, { cqe: 256 }) };
@@ -490,4 +499,174 @@ t.test("a completion handler that reconnects the QP during ERR's flush: the new 
     h.send({ bth: bth('RC_SEND_ONLY', E, { ackReq: true }), payload: pattern(8) }, 2);
     t.same(done.slice(want.length), ['20/SUCCESS'], `${which}: a SEND from the peer lands in the new receive`);
   }
+});
+
+t.test("closeDevice from a receive completion's handler: the ACK of the message it completed still goes out", async (t) => {
+  for (const how of ['closeDevice', 'destroyQp'] as const) {
+    const p = await memoryPair();
+    const [qa, qb] = connectPair(p, 'RC', { timeout: 8, retryCnt: 2 });
+    const src = regMr(p.a.pd, pattern(64), ALL_ACCESS);
+    const dst = regMr(p.b.pd, new Uint8Array(64), ALL_ACCESS);
+    postRecv(qb, { wrId: 11, sgList: [dst.sge(0, 64)] });
+    let done = false;
+    p.b.cq.core.onCompletion = () => {
+      if (done) return;
+      done = true;
+      if (how === 'closeDevice') void closeDevice(p.b.ctx);
+      else destroyQp(qb);
+    };
+    postSend(qa, { wrId: 1, opcode: 'SEND', sgList: [src.sge(0, 8)] });
+    p.clock.run(5_000_000);
+    t.same(pollCq(p.b.cq, 4).map((w) => `${w.wrId}:${w.status}`), ['11:SUCCESS'], `${how}: delivered`);
+    t.same(pollCq(p.a.cq, 4).map((w) => `${w.wrId}:${w.status}`), ['1:SUCCESS'], `${how}: and acknowledged`);
+    t.equal(p.a.ctx.counters.retransPkts, 0, `${how}: nothing resent`);
+  }
+});
+
+t.test('a link that delivers at once and ends a receive batch at each datagram: the device runs its ready QPs from inside their own run', async (t) => {
+  // Each SEND's completion posts two more, on other QPs: the peer's answer to a batch runs the
+  // device's ready queue from inside a send the same queue's run made.
+  const p = await directPair(true, { batchEnds: true });
+  const c = { pathMtu: 256 as const };
+  const qa = [p.qa];
+  const qb = [p.qb];
+  for (let i = 1; i < 5; i++) {
+    const x = makeQp(p.a, 'RC', c);
+    const y = makeQp(p.b, 'RC', c);
+    bringUp(x, y, p.b.ctx, c, 0x100, 0x200, ALL_ACCESS);
+    bringUp(y, x, p.a.ctx, c, 0x200, 0x100, ALL_ACCESS);
+    qa.push(x);
+    qb.push(y);
+  }
+  const src = regMr(p.a.pd, pattern(256), ALL_ACCESS);
+  const dst = regMr(p.b.pd, new Uint8Array(256), ALL_ACCESS);
+  qb.forEach((q, i) => postRecv(q, { wrId: 100 + i, sgList: [dst.sge(i * 16, 16)] }));
+  const send = (i: number): void => postSend(qa[i]!, { wrId: i, opcode: 'SEND', sgList: [src.sge(i * 16, 16)] });
+  const seen: number[] = [];
+  p.a.cq.core.onCompletion = (cq) => {
+    for (const wc of cq.poll(100)) {
+      const id = Number(wc.wrId);
+      seen.push(id);
+      if (id === 0) [1, 2].forEach(send);
+      if (id === 1) [3, 4].forEach(send);
+    }
+  };
+  send(0);
+  t.doesNotThrow(() => p.clock.run(1_000_000));
+  t.same([...seen].sort(), [0, 1, 2, 3, 4], 'every SEND completed');
+  t.same(dst.buffer.subarray(0, 80), src.buffer.subarray(0, 80), 'each in its receive');
+  t.ok(qa.every((q) => !q.core.queued), 'no QP left waiting in no queue');
+
+  // A failing post on B's other QP, made from inside A's send: A's QP does not take B's error.
+  const e = await directPair(true, { batchEnds: true });
+  const x = makeQp(e.b, 'RC', c);
+  const y = makeQp(e.a, 'RC', c);
+  bringUp(x, y, e.a.ctx, c, 0x200, 0x100, ALL_ACCESS);
+  bringUp(y, x, e.b.ctx, c, 0x100, 0x200, ALL_ACCESS);
+  const big = regMr(e.a.pd, pattern(1024), ALL_ACCESS);
+  postRecv(e.qb, { wrId: 11, sgList: [regMr(e.b.pd, new Uint8Array(1024), ALL_ACCESS).sge(0, 1024)] });
+  let posted = false;
+  e.b.cq.core.onCompletion = (cq) => {
+    for (const wc of cq.poll(10)) {
+      if (Number(wc.wrId) !== 11 || posted) continue;
+      posted = true;
+      postSend(x, { wrId: 99, opcode: 'SEND', sgList: [{ addr: 0n, length: 8, lkey: 0xdead }] });
+    }
+  };
+  postSend(e.qa, { wrId: 1, opcode: 'SEND', sgList: [big.sge(0, 1024)] }); // four packets
+  e.clock.run(1_000_000);
+  t.equal(x.core.state, 'ERR', "B's QP fails on its bad L_Key");
+  t.equal(e.qa.core.state, 'RTS', "A's QP, whose send that post was made inside, does not");
+  t.same(pollCq(e.a.cq, 4).map((w) => `${w.wrId}:${w.status}`), ['1:SUCCESS']);
+});
+
+t.test('code of the application that throws from inside the engine: the exception reaches the caller, and the device goes on', async (t) => {
+  t.test('a UD send completion handler, in a run of several QPs: the QPs after it still send', async (t) => {
+    const p = await memoryPair();
+    const cqT = createCq(p.a.ctx, { cqe: 64 });
+    const ud = (s: Side): Qp => {
+      const q = makeQp(s, 'UD');
+      bringUp(q, q, s.ctx, {}, 0x100, 0, 0);
+      return q;
+    };
+    const u = [ud({ ...p.a, cq: cqT }), ud(p.a), ud(p.a), ud(p.a), ud(p.a), ud(p.a)];
+    const rx = ud(p.b);
+    const mrB = regMr(p.b.pd, new Uint8Array(64 * 1024), ALL_ACCESS);
+    for (let i = 0; i < 64; i++) postRecv(rx, { wrId: i, sgList: [mrB.sge(i * 1024, 1024)] });
+    const src = regMr(p.a.pd, pattern(64), ALL_ACCESS);
+    const ah = createAh(p.a.pd, { address: p.b.ctx.address, port: p.b.ctx.port });
+    const send = (q: Qp, id: number): void => postSend(q, { wrId: id, opcode: 'SEND', sgList: [src.sge(0, 16)], ud: { ah, remoteQpn: rx.qpNum, remoteQkey: 0x11111111 } });
+    let thrown = false;
+    cqT.core.onCompletion = () => {
+      if (thrown) return;
+      thrown = true;
+      throw new Error('handler bug');
+    };
+    // More WRs on the first QP than one run sends: the run that threw leaves it some.
+    const many = Array.from({ length: 40 }, (_, k) => 1000 + k);
+    for (const id of many) send(u[0]!, id);
+    send(u[1]!, 2);
+    t.throws(() => p.clock.run(100_000), /handler bug/, 'the handler\'s exception comes out of the run');
+    p.clock.run(100_000);
+    t.same(pollCq(cqT, 64).map((w) => Number(w.wrId)), many, 'the QP whose handler threw went on with the WRs it had left');
+    t.same(pollCq(p.a.cq, 8).map((w) => Number(w.wrId)), [2], 'the QP after it in the run sent its WR');
+    // The ready queue's two arrays are still apart: a run whose completion posts to two more QPs.
+    let fired = false;
+    p.a.cq.core.onCompletion = (cq) => {
+      if (fired || cq.length === 0) return;
+      fired = true;
+      send(u[4]!, 40);
+      send(u[5]!, 50);
+    };
+    send(u[2]!, 20);
+    send(u[3]!, 30);
+    t.doesNotThrow(() => p.clock.run(100_000));
+    t.same(pollCq(p.a.cq, 8).map((w) => Number(w.wrId)).sort(), [20, 30, 40, 50], 'every later WR completed');
+    t.equal(pollCq(p.b.cq, 64).length, 45, 'and every datagram arrived');
+  });
+
+  t.test("a link's send during the device's timer: the other QPs whose deadline came still run", async (t) => {
+    const p = await memoryPair();
+    const [qa1, qb1] = connectPair(p, 'RC');
+    const [qa2, qb2] = connectPair(p, 'RC');
+    const src = regMr(p.a.pd, pattern(64), ALL_ACCESS);
+    const dst = regMr(p.b.pd, new Uint8Array(256), ALL_ACCESS);
+    const link = p.links[0]!;
+    const inner = link.send.bind(link);
+    let armed = false;
+    link.send = (d, s, parts) => {
+      inner(d, s, parts);
+      if (!armed) return;
+      armed = false;
+      throw new Error('hook bug');
+    };
+    postSend(qa1, { wrId: 1, opcode: 'SEND', sgList: [src.sge(0, 8)] });
+    postSend(qa2, { wrId: 2, opcode: 'SEND', sgList: [src.sge(8, 8)] });
+    p.clock.run(4); // no receive posted: both RNR NAKed, both resent at one deadline
+    postRecv(qb1, { wrId: 11, sgList: [dst.sge(0, 64)] });
+    postRecv(qb2, { wrId: 12, sgList: [dst.sge(64, 64)] });
+    armed = true;
+    t.throws(() => p.clock.run(5_000_000), /hook bug/);
+    p.clock.run(5_000_000);
+    t.same(pollCq(p.a.cq, 8).map((w) => `${w.wrId}:${w.status}`).sort(), ['1:SUCCESS', '2:SUCCESS'], 'both SENDs completed');
+  });
+
+  t.test('a receive completion handler: the ACK of what it completed still goes out', async (t) => {
+    const p = await memoryPair();
+    const [qa, qb] = connectPair(p, 'RC', { timeout: 14 });
+    const src = regMr(p.a.pd, pattern(64), ALL_ACCESS);
+    const dst = regMr(p.b.pd, new Uint8Array(64), ALL_ACCESS);
+    postRecv(qb, { wrId: 11, sgList: [dst.sge(0, 64)] });
+    let thrown = false;
+    p.b.cq.core.onCompletion = () => {
+      if (thrown) return;
+      thrown = true;
+      throw new Error('handler bug');
+    };
+    postSend(qa, { wrId: 1, opcode: 'SEND', sgList: [src.sge(0, 8)] });
+    t.throws(() => p.clock.run(1_000), /handler bug/);
+    p.clock.run(1_000);
+    t.same(pollCq(p.a.cq, 4).map((w) => `${w.wrId}:${w.status}`), ['1:SUCCESS'], 'acknowledged within a millisecond, no ACK timeout');
+    t.equal(p.a.ctx.counters.ackTimeouts, 0);
+  });
 });
