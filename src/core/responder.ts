@@ -216,7 +216,6 @@ export interface ResponderState {
   respResHead: number;
 }
 
-/** What the responder works on: the QP, its state and its context. */
 /** What the responder asks of its QP beyond sending. */
 export interface ResponderHost {
   /**
@@ -226,6 +225,7 @@ export interface ResponderHost {
   responderFailed(reason: string, epoch: number): void;
 }
 
+/** What the responder works on: the QP, its state and its context. */
 export type ResponderQp = EngineContext & ResponderState & ResponderHost;
 
 /**
