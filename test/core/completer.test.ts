@@ -222,13 +222,19 @@ t.test('maxRdAtomic bounds outstanding READs; fence waits for them', async (t) =
   t.same(h.names(h.poll()), ['SEND_ONLY@102!']);
 });
 
-t.test('READ responses out of order: dropped, re-requested from the gap', async (t) => {
+/** A READ of 768 bytes (three responses at MTU 256) whose FIRST response has arrived. */
+function readAfterFirstResponse(): { h: EngineHarness; dst: ReturnType<EngineHarness['mr']>; data: Uint8Array } {
   const h = new EngineHarness('RC');
   const dst = h.mr(768);
   h.qp.postSend(0, [{ wrId: 1, opcode: 'RDMA_READ', sgList: [dst.sge(0, 768)], rdma: { remoteAddr: 0x1000n, rkey: 9 } }]);
   h.poll();
   const data = pattern(768, 6);
   h.send({ bth: bth('RC_RDMA_READ_RESPONSE_FIRST', S), aeth: { syndrome: ackSyndrome(), msn: 1 }, payload: data.subarray(0, 256) });
+  return { h, dst, data };
+}
+
+t.test('READ responses out of order: dropped, re-requested from the gap', async (t) => {
+  const { h, dst, data } = readAfterFirstResponse();
   h.send({ bth: bth('RC_RDMA_READ_RESPONSE_LAST', S + 2), aeth: { syndrome: ackSyndrome(), msn: 1 }, payload: data.subarray(512) });
   const re = h.poll();
   t.same(h.names(re), ['RDMA_READ_REQUEST@101!']);
@@ -241,12 +247,7 @@ t.test('READ responses out of order: dropped, re-requested from the gap', async 
 });
 
 t.test('a NAK inside a READ\'s responses ends the READ with its error; a plain ACK there is dropped', async (t) => {
-  const h = new EngineHarness('RC');
-  const dst = h.mr(768);
-  h.qp.postSend(0, [{ wrId: 1, opcode: 'RDMA_READ', sgList: [dst.sge(0, 768)], rdma: { remoteAddr: 0x1000n, rkey: 9 } }]);
-  h.poll();
-  const data = pattern(768, 6);
-  h.send({ bth: bth('RC_RDMA_READ_RESPONSE_FIRST', S), aeth: { syndrome: ackSyndrome(), msn: 1 }, payload: data.subarray(0, 256) });
+  const { h } = readAfterFirstResponse();
   h.send(ack(S + 1, ackSyndrome(), 1));
   t.equal(h.counters.badOpcodeSeq, 1, 'a plain ACK at the MIDDLE\'s PSN: out of sequence, dropped');
   t.same(h.scq.poll(4), [], 'nothing completed');
