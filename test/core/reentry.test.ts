@@ -11,7 +11,7 @@ import { MemoryLink } from '../../src/link/memory.js';
 import { describe as describePacket, TraceLink } from '../../src/link/trace.js';
 import { VirtualClock } from '../../src/runtime/clock.js';
 import { aethKind, NAK_CODE, nakSyndrome } from '../../src/wire/aeth.js';
-import { ALL_ACCESS, bringUp, bth, collect, connectPair, EngineHarness, makeQp, memoryPair, PEER, PEER_QPN, pattern, type Side } from '../helpers/engine.js';
+import { ALL_ACCESS, bringUp, bth, collect, connectPair, EngineHarness, makeQp, memoryPair, PEER, PEER_QPN, pattern, type ConnectOptions, type MemPair, type Side } from '../helpers/engine.js';
 import { concat } from '../link/helpers.js';
 
 const E = 500; // the harness's expected PSN
@@ -501,21 +501,32 @@ t.test("a completion handler that reconnects the QP during ERR's flush: the new 
   }
 });
 
+/**
+ * One SEND (wrId 1) from A to a receive (wrId 11) posted at B, whose first receive completion runs
+ * `once` from inside B's engine.
+ */
+async function sendToReceiveHandler(o: ConnectOptions, once: (p: MemPair, qb: Qp) => void): Promise<MemPair> {
+  const p = await memoryPair();
+  const [qa, qb] = connectPair(p, 'RC', o);
+  const src = regMr(p.a.pd, pattern(64), ALL_ACCESS);
+  const dst = regMr(p.b.pd, new Uint8Array(64), ALL_ACCESS);
+  postRecv(qb, { wrId: 11, sgList: [dst.sge(0, 64)] });
+  let done = false;
+  p.b.cq.core.onCompletion = () => {
+    if (done) return;
+    done = true;
+    once(p, qb);
+  };
+  postSend(qa, { wrId: 1, opcode: 'SEND', sgList: [src.sge(0, 8)] });
+  return p;
+}
+
 t.test("closeDevice from a receive completion's handler: the ACK of the message it completed still goes out", async (t) => {
   for (const how of ['closeDevice', 'destroyQp'] as const) {
-    const p = await memoryPair();
-    const [qa, qb] = connectPair(p, 'RC', { timeout: 8, retryCnt: 2 });
-    const src = regMr(p.a.pd, pattern(64), ALL_ACCESS);
-    const dst = regMr(p.b.pd, new Uint8Array(64), ALL_ACCESS);
-    postRecv(qb, { wrId: 11, sgList: [dst.sge(0, 64)] });
-    let done = false;
-    p.b.cq.core.onCompletion = () => {
-      if (done) return;
-      done = true;
+    const p = await sendToReceiveHandler({ timeout: 8, retryCnt: 2 }, (p, qb) => {
       if (how === 'closeDevice') void closeDevice(p.b.ctx);
       else destroyQp(qb);
-    };
-    postSend(qa, { wrId: 1, opcode: 'SEND', sgList: [src.sge(0, 8)] });
+    });
     p.clock.run(5_000_000);
     t.same(pollCq(p.b.cq, 4).map((w) => `${w.wrId}:${w.status}`), ['11:SUCCESS'], `${how}: delivered`);
     t.same(pollCq(p.a.cq, 4).map((w) => `${w.wrId}:${w.status}`), ['1:SUCCESS'], `${how}: and acknowledged`);
@@ -652,18 +663,9 @@ t.test('code of the application that throws from inside the engine: the exceptio
   });
 
   t.test('a receive completion handler: the ACK of what it completed still goes out', async (t) => {
-    const p = await memoryPair();
-    const [qa, qb] = connectPair(p, 'RC', { timeout: 14 });
-    const src = regMr(p.a.pd, pattern(64), ALL_ACCESS);
-    const dst = regMr(p.b.pd, new Uint8Array(64), ALL_ACCESS);
-    postRecv(qb, { wrId: 11, sgList: [dst.sge(0, 64)] });
-    let thrown = false;
-    p.b.cq.core.onCompletion = () => {
-      if (thrown) return;
-      thrown = true;
+    const p = await sendToReceiveHandler({ timeout: 14 }, () => {
       throw new Error('handler bug');
-    };
-    postSend(qa, { wrId: 1, opcode: 'SEND', sgList: [src.sge(0, 8)] });
+    });
     t.throws(() => p.clock.run(1_000), /handler bug/);
     p.clock.run(1_000);
     t.same(pollCq(p.a.cq, 4).map((w) => `${w.wrId}:${w.status}`), ['1:SUCCESS'], 'acknowledged within a millisecond, no ACK timeout');
