@@ -58,6 +58,14 @@ export class MemoryRegion {
   /** Views of parts of the region made so far (`viewAt`); made at the first. */
   private parts: ViewTable | undefined = undefined;
 
+  /**
+   * Why the R_Key no longer grants a request that already holds the region what `MrTable.remote`
+   * granted it (deregistered, or the key invalidated since), in `remote`'s words; undefined while it does.
+   */
+  get remoteKeyGone(): 'noKey' | 'invalidated' | undefined {
+    return this.deregistered ? 'noKey' : this.rkeyInvalidated ? 'invalidated' : undefined;
+  }
+
   constructor(
     readonly pd: ProtectionDomain,
     readonly buffer: Uint8Array,

@@ -473,10 +473,8 @@ export class Responder {
         if (!qp.respWriting) return fatalVerdict(NAK_CODE.INVALID_REQUEST, 'REM_INV_REQ_ERR', 'invalidRequest', 'WRITE continuation without a WRITE in progress');
         // The range was checked whole at the first packet; what may have changed since is the key:
         // the region deregistered, or its R_Key invalidated (a SEND with Invalidate between).
-        const mr = qp.respWriteMr;
-        if (mr !== undefined && (mr.deregistered || mr.rkeyInvalidated)) {
-          return this.rkeyFault(qp, `WRITE ${mr.deregistered ? 'noKey' : 'invalidated'} rkey=0x${qp.respWriteRkey.toString(16)}`);
-        }
+        const gone = qp.respWriteMr?.remoteKeyGone;
+        if (gone !== undefined) return this.rkeyFault(qp, `WRITE ${gone} rkey=0x${qp.respWriteRkey.toString(16)}`);
       }
       const mtu = qp.attrs.pathMtu;
       const n = pkt.payload.length;
@@ -854,8 +852,9 @@ export class Responder {
       // The region is checked again before every response, as rxe's read_reply does
       // (rxe_recheck_mr): one deregistered since the request was accepted, or whose R_Key a SEND
       // with Invalidate took, ends the READ with a remote access NAK and the QP in ERR (class C).
-      if (job.mr.deregistered || job.mr.rkeyInvalidated) {
-        this.readFault(qp, job);
+      const gone = job.mr.remoteKeyGone;
+      if (gone !== undefined) {
+        this.readFault(qp, job, gone);
         break;
       }
       const n = Math.min(job.resid, mtu);
@@ -895,9 +894,9 @@ export class Responder {
   }
 
   /** A READ whose region went away: NAK the next response's PSN, as the requester expects it, and fail the QP. */
-  private readFault(qp: ResponderQp, job: ReadJob): void {
+  private readFault(qp: ResponderQp, job: ReadJob, gone: 'noKey' | 'invalidated'): void {
     qp.counters.rkeyViolation++;
-    const why = `READ ${job.mr.deregistered ? 'noKey' : 'invalidated'} rkey=0x${job.mr.rkey.toString(16)} at PSN ${job.psn}`;
+    const why = `READ ${gone} rkey=0x${job.mr.rkey.toString(16)} at PSN ${job.psn}`;
     const epoch = qp.stateEpoch;
     this.sendAck(qp, nakSyndrome(NAK_CODE.REMOTE_ACCESS_ERROR), job.psn);
     qp.responderFailed(why, epoch);
