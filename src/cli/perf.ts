@@ -1,6 +1,6 @@
 /**
  * `roce perf write|read|send|atomic [HOST] [perftest flags] [--bind ADDR] [--udp-port N]
- *      [--capture FILE] [--loss PCT [--seed N]] [--dump FILE]`
+ *      [--capture FILE] [--loss PCT [--seed N]] [--counters] [--dump FILE] [--trace]`
  *
  * ib_write_bw, ib_read_bw, ib_send_bw and ib_atomic_bw of perftest 6.06 (Debian 4.5+0.17) on
  * our engine, in both roles: with HOST we are the client (the requester), without it the
@@ -67,7 +67,7 @@ import {
 } from './perf-args.js';
 import { parseCNumber } from './pingpong-args.js';
 
-export const PERF_CLI_USAGE = `${PERF_USAGE} [--bind ADDR] [--udp-port N] [--capture FILE] [--loss PCT [--seed N]] [--dump FILE] [--trace]`;
+export const PERF_CLI_USAGE = `${PERF_USAGE} [--bind ADDR] [--udp-port N] [--capture FILE] [--loss PCT [--seed N]] [--counters] [--dump FILE] [--trace]`;
 
 /** DEF_QKEY */
 export const PERF_QKEY = 0x11111111;
@@ -137,6 +137,8 @@ interface Extras {
   dump?: string;
   /** Print every packet sent and received with the one-line printer (stderr). */
   trace: boolean;
+  /** Print the recovery counters after the result (as `--loss` does): what a loss elsewhere cost. */
+  counters: boolean;
 }
 
 /** Our options that perftest does not have, taken out before the perftest flags are parsed. */
@@ -145,10 +147,12 @@ function takeExtras(argv: string[]): { rest: string[]; extras: Extras } {
   const raw = new Map<string, string>();
   const rest: string[] = [];
   let trace = false;
+  let counters = false;
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i] as string;
-    if (a === '--trace') {
-      trace = true;
+    if (a === '--trace' || a === '--counters') {
+      if (a === '--trace') trace = true;
+      else counters = true;
       continue;
     }
     const m = /^--([a-z-]+)(?:=(.*))?$/.exec(a);
@@ -165,7 +169,7 @@ function takeExtras(argv: string[]): { rest: string[]; extras: Extras } {
     if (raw.has(name)) throw new CliError(`--${name} given twice`);
     raw.set(name, v);
   }
-  const extras: Extras = { udpPort: 4791, seed: 1, trace };
+  const extras: Extras = { udpPort: 4791, seed: 1, trace, counters };
   const bind = raw.get('bind');
   if (bind !== undefined) {
     const n = normalizeAddress(bind);
@@ -570,11 +574,10 @@ export async function perfCommand(argv: string[], out: (line: string) => void): 
     if (server && o.verb !== 'send' && theirs) out(formatPerfReportLine(theirs, o.reportGbits));
     out(PERF_RESULT_LINE);
 
-    if (faults) {
-      const c = (ctx as Context).counters;
-      out(` loss: --loss ${extras.lossPct}% --seed ${extras.seed}: dropped ${faults.injected.dropped} of our datagrams; ` +
-        `retransmitted ${c.retransPkts}, sequence-error NAKs received ${c.rcvSeqErr}, out-of-sequence requests ${c.outOfSeqReq}, duplicates ${c.dupReq}`);
-    }
+    const c = (ctx as Context).counters;
+    const recovery = `retransmitted ${c.retransPkts}, sequence-error NAKs received ${c.rcvSeqErr}, out-of-sequence requests ${c.outOfSeqReq}, duplicates ${c.dupReq}`;
+    if (faults) out(` loss: --loss ${extras.lossPct}% --seed ${extras.seed}: dropped ${faults.injected.dropped} of our datagrams; ${recovery}`);
+    else if (extras.counters) out(` counters: ${recovery}`);
     if (extras.dump !== undefined) {
       try {
         writeFileSync(extras.dump, r.buf);

@@ -133,6 +133,20 @@ t.test('--rate_limit paces the sender: a UC send stream at 2 MB/s', async (t) =>
   t.ok(avg > 0 && avg < 2 * 1.3, `the client's average, ${avg} MB/s, is about the 2 MB/s asked for`);
 });
 
+t.test('--counters: the responder counts the gaps a lossy requester leaves, the requester the NAKs', async (t) => {
+  const args = ['write', '-s', '16384', '-n', '10', '-m', '1024', '-t', '4'];
+  const { server, client } = await pair([...args, '--counters'], [...args, '--loss', '5', '--seed', '3']);
+  t.equal(server.code, 0, `server exits 0: ${server.stderr}`);
+  t.equal(client.code, 0, `client exits 0: ${client.stderr}`);
+  const counters = /^ counters: retransmitted (\d+), sequence-error NAKs received (\d+), out-of-sequence requests (\d+), duplicates (\d+)$/m;
+  const s = counters.exec(server.stdout);
+  t.ok(s && Number(s[3]) > 0, `the server saw out-of-sequence requests: ${s?.[0]}`);
+  t.equal(s?.[2], '0', 'and received no NAK (it sent the ACKs)');
+  const c = /^ loss: --loss 5% --seed 3: dropped (\d+) of our datagrams; retransmitted (\d+), sequence-error NAKs received (\d+)/m.exec(client.stdout);
+  t.ok(c && Number(c[1]) > 0 && Number(c[2]) >= Number(c[1]) && Number(c[3]) > 0, `the client dropped, resent and was NAKed: ${c?.[0]}`);
+  t.notMatch(client.stdout, counters, 'the loss line carries the client\'s counters: no second line');
+});
+
 t.test('a write client against a read server: both refuse, exit 3', async (t) => {
   const { server, client } = await pair(['read', '-n', '5'], ['write', '-n', '5']);
   t.equal(client.code, 3);
