@@ -22,7 +22,7 @@ import { OPCODE } from '../wire/opcode.js';
 import type { RocePacket } from '../wire/packet.js';
 import { psnAdd, psnDiff } from '../wire/psn.js';
 import type { EngineContext } from './context.js';
-import { scatter } from './mr.js';
+import { regionsStillHeld, scatter } from './mr.js';
 import { RETRY_INFINITE, rnrTimerUs, type Micros } from './time.js';
 import type { Psn, WcStatus } from './types.js';
 import type { SendWqe } from './wqe.js';
@@ -211,6 +211,8 @@ export class Completer {
         const len = pkt.payload.length;
         // Every response but the last carries exactly one MTU (C9-121 area); anything else is a bad response.
         if (len > expect || (!info.end && len !== expect)) return fatal(wqe, 'BAD_RESP_ERR', 0);
+        // The sink deregistered since the READ was posted (rxe's do_read: copy_data finds no region).
+        if (len > 0 && !regionsStillHeld(ctx.mrs, wqe)) return fatal(wqe, 'LOC_PROT_ERR', 0);
         if (len > 0 && !scatter(wqe.segments!, off, pkt.payload)) return fatal(wqe, 'LOC_LEN_ERR', 0);
         wqe.readPlaced = off + len;
         ctx.compPsn = psnAdd(psn, 1);
@@ -233,6 +235,7 @@ export class Completer {
         // The original value lands in the local buffer in host (little-endian) order, as libibverbs does.
         const orig = new Uint8Array(8);
         new DataView(orig.buffer).setBigUint64(0, pkt.atomicAckEth!.originalData, true);
+        if (!regionsStillHeld(ctx.mrs, wqe)) return fatal(wqe, 'LOC_PROT_ERR', 0);
         if (!scatter(wqe.segments!, 0, orig)) return fatal(wqe, 'LOC_LEN_ERR', 0);
         ctx.compPsn = psnAdd(psn, 1);
         ctx.retireWqe(wqe);

@@ -160,6 +160,11 @@ export class MrTable {
     offset: 0,
     fault: 'noKey',
   };
+  /**
+   * Regions deregistered so far. A WQE notes it when it resolves its SGEs; while it is unchanged, no
+   * region a resolved SGE list points into can have gone (`regionsStillHeld`).
+   */
+  deregistrations = 0;
   private nextIndex = 1;
   private keyByte = 0x5a;
   private slot = 0n;
@@ -186,6 +191,7 @@ export class MrTable {
   deregister(mr: MemoryRegion): void {
     const idx = mr.lkey >>> 8;
     if (this.byIndex.get(idx) === mr) this.byIndex.delete(idx);
+    if (!mr.deregistered) this.deregistrations++;
     mr.deregistered = true;
   }
 
@@ -264,6 +270,22 @@ export function resolveSges(
     else out.push(view);
   }
   return out ?? NO_SEGMENTS;
+}
+
+/**
+ * Whether every region a WQE's resolved SGEs point into is still registered. rxe looks the L_Key up
+ * for every packet it copies to or from local memory (`copy_data` → `lookup_mr`), so a region
+ * deregistered in the middle of a message fails the WQE (local protection error) instead of being
+ * read or written on. Here the lookups are made again only when some region of the device has been
+ * deregistered since the WQE last looked (`MrTable.deregistrations`): per packet, one comparison.
+ * Keys are never reused, so a key that still finds a region finds the one it resolved to.
+ */
+export function regionsStillHeld(table: MrTable, wqe: { readonly sges: readonly Sge[]; mrEpoch: number }): boolean {
+  const now = table.deregistrations;
+  if (wqe.mrEpoch === now) return true;
+  for (const s of wqe.sges) if (s.length > 0 && table.byLkey(s.lkey) === undefined) return false;
+  wqe.mrEpoch = now;
+  return true;
 }
 
 /** The segments of a WR without bytes. */

@@ -485,6 +485,7 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState,
     w.remoteQkey = wr.ud?.remoteQkey ?? 0;
     w.readOrAtomic = readOrAtomic;
     w.segments = undefined;
+    w.mrEpoch = 0;
     w.region = undefined;
     w.state = 'posted';
     w.npkts = 0;
@@ -557,6 +558,7 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState,
       wqe.sges = sges;
       wqe.length = sgeTotal(sges);
       wqe.segments = undefined;
+      wqe.mrEpoch = 0;
       this.rq.push(wqe);
     }
     if (this._state === 'ERR') this.flushRecv();

@@ -23,7 +23,7 @@ import { padFor } from '../wire/packet.js';
 import type { EngineContext } from './context.js';
 import { blankFields, clearParts, PAD, SHARED_HEADER_BUILDER } from './headers.js';
 import { DEVICE_LIMITS, MAX_PKT_PER_ACK, MAX_UNACKED_PSNS } from './limits.js';
-import { gather, resolveSges } from './mr.js';
+import { gather, regionsStillHeld, resolveSges } from './mr.js';
 import type { Psn, QpType, WcStatus, WrOpcode } from './types.js';
 import type { SendWqe } from './wqe.js';
 
@@ -176,6 +176,9 @@ export class Requester {
       if (wqe.state === 'posted') {
         const status = this.start(s, ctx, wqe);
         if (status !== undefined) return emitResult(sent, expectsResponse, { wqe, status });
+      } else if (wqe.inlineData === undefined && !wqe.readOrAtomic && !regionsStillHeld(ctx.mrs, wqe)) {
+        // The rest of a message (or a resend of it) from a region deregistered since it started.
+        return emitResult(sent, expectsResponse, { wqe, status: 'LOC_PROT_ERR' });
       }
       this.sendOne(s, ctx, wqe);
       sent++;
@@ -198,6 +201,7 @@ export class Requester {
       const segs = resolveSges(ctx.mrs, ctx.pd, wqe.sges, wqe.readOrAtomic);
       if (!segs) return 'LOC_PROT_ERR';
       wqe.segments = segs;
+      wqe.mrEpoch = ctx.mrs.deregistrations;
     }
     if (wqe.opcode === 'ATOMIC_CMP_AND_SWP' || wqe.opcode === 'ATOMIC_FETCH_AND_ADD') {
       if (wqe.length !== 8) return 'LOC_LEN_ERR';

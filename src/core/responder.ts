@@ -27,7 +27,7 @@ import type { EngineContext, RxInfo } from './context.js';
 import type { CounterName } from './counters.js';
 import { newWorkCompletion } from './cq.js';
 import { blankFields, clearParts, PAD, SHARED_HEADER_BUILDER } from './headers.js';
-import { resolveSges, scatter, type MemoryRegion, type RemoteVa } from './mr.js';
+import { regionsStillHeld, resolveSges, scatter, type MemoryRegion, type RemoteVa } from './mr.js';
 import { ACCESS, WC_FLAGS, type Psn, type WcStatus } from './types.js';
 import { releaseRecvWqe, type RecvWqe, type WorkQueue } from './wqe.js';
 
@@ -427,6 +427,7 @@ export class Responder {
         // Class A: a malformed receive WQE (bad L_Key): remote operational error.
         if (!segs) return fatalVerdict(NAK_CODE.REMOTE_OPERATIONAL_ERROR, 'LOC_PROT_ERR', 'remoteOpErr', 'receive WQE has a bad L_Key');
         wqe.segments = segs;
+        wqe.mrEpoch = qp.mrs.deregistrations;
       }
       qp.respRecvWqe = wqe;
       qp.respRecvSegments = wqe.segments;
@@ -515,6 +516,12 @@ export class Responder {
   private execute(qp: ResponderQp, rq: WorkQueue<RecvWqe>, pkt: RocePacket, info: OpcodeInfo, rx: RxInfo): ResponderOutcome {
     switch (info.kind) {
       case 'send': {
+        // A receive buffer deregistered since its message began: the same class A error as a bad
+        // L_Key at the first packet (rxe: copy_data fails, RESPST_ERR_MALFORMED_WQE).
+        const rw = qp.respRecvWqe;
+        if (rw !== undefined && !regionsStillHeld(qp.mrs, rw)) {
+          return this.handle(qp, rq, pkt, info, fatalVerdict(NAK_CODE.REMOTE_OPERATIONAL_ERROR, 'LOC_PROT_ERR', 'remoteOpErr', 'receive WQE\'s region deregistered'));
+        }
         if (qp.type === 'UD') {
           // The receive buffer starts with the 40-byte GRH area: an IPv4 packet's header goes
           // at offset 20 (the first 20 bytes zero), an IPv6 header fills all 40 (as rxe does).

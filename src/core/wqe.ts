@@ -36,6 +36,8 @@ export interface SendWqe {
   readonly readOrAtomic: boolean;
   /** Local memory as views, resolved when the requester starts the WQE. */
   segments: readonly Uint8Array[] | undefined;
+  /** `MrTable.deregistrations` when `segments` were resolved or last found whole (`regionsStillHeld`). */
+  mrEpoch: number;
   /**
    * The region, when the WQE's one SGE covers it whole and the message takes more than one packet:
    * each packet's payload is then a view from the region's own table (`MemoryRegion.viewAt`).
@@ -62,6 +64,8 @@ export interface RecvWqe {
   readonly length: number;
   /** Resolved lazily, when a message first lands in this WQE. */
   segments: readonly Uint8Array[] | undefined;
+  /** As `SendWqe.mrEpoch`. */
+  mrEpoch: number;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -88,7 +92,7 @@ export function takeSendWqe(): SendWqeRecord {
     freeSend.pop() ?? {
       wrId: 0, opcode: 'SEND', signaled: false, fence: false, solicited: false, sges: NO_SGES, inlineData: undefined, length: 0,
       immData: undefined, invalidateRkey: undefined, remoteAddr: 0n, rkey: 0, compareAdd: 0n, swap: 0n, ah: undefined, remoteQpn: 0,
-      remoteQkey: 0, readOrAtomic: false, segments: undefined, region: undefined, state: 'posted', npkts: 0, firstPsn: 0, lastPsn: 0,
+      remoteQkey: 0, readOrAtomic: false, segments: undefined, mrEpoch: 0, region: undefined, state: 'posted', npkts: 0, firstPsn: 0, lastPsn: 0,
       nextPkt: 0, holdsRdAtomic: false, readPlaced: 0, status: 'SUCCESS', vendorErr: 0,
     }
   );
@@ -109,7 +113,7 @@ export function releaseSendWqe(wqe: SendWqe): void {
 
 /** A receive WQE to fill, every field of which the caller then writes. */
 export function takeRecvWqe(): RecvWqeRecord {
-  return freeRecv.pop() ?? { wrId: 0, sges: NO_SGES, length: 0, segments: undefined };
+  return freeRecv.pop() ?? { wrId: 0, sges: NO_SGES, length: 0, segments: undefined, mrEpoch: 0 };
 }
 
 /** A receive WQE out of its queue and completed (or dropped): back to the free list. */
