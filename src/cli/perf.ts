@@ -150,9 +150,12 @@ function takeExtras(argv: string[]): { rest: string[]; extras: Extras } {
   let counters = false;
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i] as string;
-    if (a === '--trace' || a === '--counters') {
-      if (a === '--trace') trace = true;
-      else counters = true;
+    if (a === '--trace') {
+      trace = true;
+      continue;
+    }
+    if (a === '--counters') {
+      counters = true;
       continue;
     }
     const m = /^--([a-z-]+)(?:=(.*))?$/.exec(a);
