@@ -89,9 +89,12 @@ export interface Guest {
    * same GID indices, or it throws; what ran in it is gone, jobs included). For a NIC whose transmit
    * queue stopped: resetting the device inside the guest frees the skbs stranded in its ring after
    * rxe's QPs are gone, and Debian 12's rdma_rxe has oopsed in their destructor (`rxe_skb_tx_dtor`).
-   * Resolves with the boot's time in ms.
+   * A boot whose rxe0 has its GIDs at other indices is booted once more, at most twice
+   * (`restartBoots`). Resolves with the time it all took, in ms.
    */
   restart(): Promise<number>;
+  /** Boots the last `restart` took: 1, or more when a boot's GID indices differed from the first boot's. */
+  restartBoots: number;
 }
 
 export interface HostRunResult {
@@ -369,6 +372,7 @@ class GuestImpl implements Guest {
   readonly mac: string;
   gidIndexV4 = -1;
   gidIndexV6 = -1;
+  restartBoots = 0;
   readonly tap: string;
   /** This boot's serial console (each boot writes a file of its own). */
   consolePath = '';
@@ -579,17 +583,22 @@ class LabImpl implements Lab {
     if (this.stopped || !this.boot) throw new Error('rxe lab: stopped');
     const start = Date.now();
     const was = [g.gidIndexV4, g.gidIndexV6];
-    const old = g.qemu;
-    g.agent.close(`guest ${g.ipv4} restarted`);
-    if (old) await terminate(old, 3_000);
-    rmSync(g.sockPath, { force: true });
-    const { kernel, initrd, memoryMb, timeoutMs } = this.boot;
-    this.startGuest(g, kernel, initrd, memoryMb);
-    await this.waitReady(g, timeoutMs);
-    if (g.gidIndexV4 !== was[0] || g.gidIndexV6 !== was[1]) {
-      throw new Error(`guest ${g.ipv4}: booted again with GID indices ${g.gidIndexV4}/${g.gidIndexV6}, not ${was[0]}/${was[1]}`);
+    const seen: string[] = [];
+    // Cells address a guest by the GID indices of its first boot. A boot that has them elsewhere
+    // (index 1 taken before the IPv4 GID, seen once; interop/lab/guest/net) is booted once more.
+    for (let boot = 1; ; boot++) {
+      const old = g.qemu;
+      g.agent.close(`guest ${g.ipv4} restarted`);
+      if (old) await terminate(old, 3_000);
+      rmSync(g.sockPath, { force: true });
+      const { kernel, initrd, memoryMb, timeoutMs } = this.boot;
+      this.startGuest(g, kernel, initrd, memoryMb);
+      await this.waitReady(g, timeoutMs);
+      g.restartBoots = boot;
+      if (g.gidIndexV4 === was[0] && g.gidIndexV6 === was[1]) return Date.now() - start;
+      seen.push(`${g.gidIndexV4}/${g.gidIndexV6}`);
+      if (boot === 3) throw new Error(`guest ${g.ipv4}: booted again ${boot} times with GID indices ${seen.join(', ')}, not ${was[0]}/${was[1]}`);
     }
-    return Date.now() - start;
   }
 
   async waitReady(g: GuestImpl, timeoutMs: number): Promise<void> {
@@ -789,7 +798,7 @@ export class NicGuard {
       const ms = await this.guest.restart();
       // Lines the old console gained until its guest was killed are not a new stall.
       this.stallLines = this.guest.txStallLines();
-      say(`guest ${this.guest.ipv4}'s NIC stopped transmitting (${why}; ${name} failed: ${problem.split('\n')[0]}); guest booted again in ${(ms / 1000).toFixed(1)} s, rxe0 ACTIVE with GID indices ${this.guest.gidIndexV4}/${this.guest.gidIndexV6}`);
+      say(`guest ${this.guest.ipv4}'s NIC stopped transmitting (${why}; ${name} failed: ${problem.split('\n')[0]}); guest booted again in ${(ms / 1000).toFixed(1)} s${this.guest.restartBoots > 1 ? ` (${this.guest.restartBoots} boots: GID indices differed)` : ''}, rxe0 ACTIVE with GID indices ${this.guest.gidIndexV4}/${this.guest.gidIndexV6}`);
       return true;
     } catch (e) {
       note(`guest ${this.guest.ipv4}'s NIC stopped transmitting (${why}) and booting it again failed: ${(e as Error).message}`);

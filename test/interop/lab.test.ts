@@ -137,7 +137,7 @@ t.test('a guest booted again comes back as it was, its NIC working and its stall
   const r = await serverClient(a, b, `ibv_rc_pingpong -d rxe0 -g ${a.gidIndexV4} -n 20`);
   t.equal(r.server.code, 0, 'server (the restarted guest) exit 0', { output: r.server.stdout });
   t.equal(r.client.code, 0, 'client exit 0', { output: r.client.stdout });
-  t.comment(`restart: ${(ms / 1000).toFixed(1)} s, test ${secs(start)}`);
+  t.comment(`restart: ${(ms / 1000).toFixed(1)} s in ${a.restartBoots} boot${a.restartBoots === 1 ? '' : 's'}, test ${secs(start)}`);
 });
 
 
