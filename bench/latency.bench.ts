@@ -24,7 +24,8 @@
 import { performance } from 'node:perf_hooks';
 import { setImmediate as yieldTurn } from 'node:timers/promises';
 import { pathToFileURL } from 'node:url';
-import { destroyCq, postRecv, postSend, regMr } from '../src/api/verbs.js';
+import { abortWaiters } from '../src/api/async.js';
+import { postRecv, postSend, regMr } from '../src/api/verbs.js';
 import type { RecvWr, SendWr } from '../src/core/types.js';
 import { workloads as dgramWorkloads } from './dgram.bench.js';
 import { formatRows, median, pairedRatios, type BenchRow } from './harness.js';
@@ -102,14 +103,14 @@ async function setUp(args: LatArgs, ctx: ChildContext, me: 'tx' | 'rx', stop: Ab
             check();
           })
       : async (): Promise<void> => {
-          // No timer or abort listener per wait: a stall or a stop destroys the CQ, which rejects it.
+          // No timer or abort listener per wait: a stall or a stop rejects the CQ's waiters.
           const wc = await side.cq.next().catch((e: Error) => {
             throw new Error(stop.aborted ? 'stopped' : `${args.mode} receive: ${e.message}`);
           });
           if (wc.status !== 'SUCCESS') throw new Error(`${args.mode} receive: completion ${wc.status}`);
           postRecv(qp, recv);
         };
-    stop.addEventListener('abort', () => destroyCq(side.cq), { once: true });
+    stop.addEventListener('abort', () => abortWaiters(side.cq.core, 'stopped'), { once: true });
     return { side, send, wait };
   } catch (e) {
     await closeSide(side);

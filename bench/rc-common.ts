@@ -16,8 +16,9 @@
 import { performance } from 'node:perf_hooks';
 import { setTimeout as sleep } from 'node:timers/promises';
 import {
-  allocPd, closeDevice, createCq, createQp, destroyCq, modifyQp, openDevice, type Context, type Cq, type Pd, type Qp,
+  allocPd, closeDevice, createCq, createQp, modifyQp, openDevice, type Context, type Cq, type Pd, type Qp,
 } from '../src/api/verbs.js';
+import { abortWaiters } from '../src/api/async.js';
 import { newWorkCompletion } from '../src/core/cq.js';
 import { ACCESS, type MtuValue, type QpCap, type WorkCompletion } from '../src/core/types.js';
 
@@ -147,7 +148,7 @@ export interface PumpResult {
  *
  * The loop waits with a bare `cq.next()`: a per-wait timeout would arm and clear a timer per batch,
  * which at 4 KiB messages showed in the profile as the benchmark's own largest allocation. A stall
- * is caught instead by one watchdog interval that destroys the CQ (rejecting the wait) when no
+ * is caught instead by one watchdog interval that rejects the CQ's waiters when no
  * completion arrived for `stallMs`.
  */
 export async function pump(cq: Cq, post: (n: number) => void, depth: number, warmupMs: number, windowMs: number, what: string, stallMs = 5000): Promise<PumpResult> {
@@ -170,7 +171,7 @@ export async function pump(cq: Cq, post: (n: number) => void, depth: number, war
   const watchdog = setInterval(() => {
     if (msgs === seen) {
       stalled = true;
-      destroyCq(cq);
+      abortWaiters(cq.core, 'stalled');
     }
     seen = msgs;
   }, stallMs);

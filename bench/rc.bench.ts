@@ -16,7 +16,8 @@
  */
 
 import { pathToFileURL } from 'node:url';
-import { destroyCq, postRecv, postSend, regMr } from '../src/api/verbs.js';
+import { abortWaiters } from '../src/api/async.js';
+import { postRecv, postSend, regMr } from '../src/api/verbs.js';
 import { newWorkCompletion } from '../src/core/cq.js';
 import type { RecvWr, SendWr, WorkCompletion, WrOpcode } from '../src/core/types.js';
 import { dgramBaselineName } from './dgram.bench.js';
@@ -86,8 +87,8 @@ const rcTarget: Workload = async (args: TargetArgs, ctx: ChildContext) => {
     const wcs: WorkCompletion[] = Array.from({ length: args.recvDepth }, newWorkCompletion);
     if (args.op === 'SEND') {
       // No timer or abort listener per wait (they would cost the target per batch): the stop
-      // destroys the CQ, which rejects the pending wait.
-      void ctx.stopped.then(() => destroyCq(s.cq));
+      // rejects the CQ's pending wait.
+      void ctx.stopped.then(() => abortWaiters(s.cq.core, 'stopped'));
       while (!ctx.isStopped()) {
         let wc: WorkCompletion;
         try {

@@ -4,7 +4,7 @@
  */
 
 export {
-  openDevice, closeDevice, allocPd, regMr, deregMr, createCq, destroyCq, createQp, destroyQp, modifyQp, queryQp,
+  openDevice, closeDevice, allocPd, deallocPd, regMr, deregMr, createCq, destroyCq, createQp, destroyQp, modifyQp, queryQp,
   createAh, postSend, postRecv, pollCq, pollCqInto, Context, Pd, Cq, Qp,
   type OpenDeviceOptions, type QpInitAttr, type PortAttr,
 } from './api/verbs.js';

@@ -9,6 +9,7 @@
 
 import type { CompletionQueue } from '../core/cq.js';
 import type { WorkCompletion } from '../core/types.js';
+import { RoceError } from '../core/errors.js';
 
 export interface WaitOptions {
   /** Reject after this many milliseconds. Default: wait forever. */
@@ -41,6 +42,8 @@ function listFor(cq: CompletionQueue): Waiter[] {
 
 /** The next completion from `cq` (immediately if one is queued). */
 export function nextCompletion(cq: CompletionQueue, opts: WaitOptions = {}): Promise<WorkCompletion> {
+  // Rejected rather than left waiting: nothing completes into a destroyed CQ again.
+  if (cq.destroyed) return Promise.reject(new RoceError('ERR_RESOURCE', 'CQ destroyed'));
   const ready = cq.length > 0 && listFor(cq).length === 0 ? cq.shift() : undefined;
   if (ready) return Promise.resolve(ready);
   return new Promise<WorkCompletion>((resolve, reject) => {

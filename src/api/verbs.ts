@@ -229,6 +229,14 @@ export function allocPd(ctx: Context): Pd {
   return pd;
 }
 
+/**
+ * Frees a protection domain (`ibv_dealloc_pd`). Throws ERR_BUSY while a region registered in it or a
+ * QP created in it remains; on a closed device it always succeeds.
+ */
+export function deallocPd(pd: Pd): void {
+  pd.context.device.deallocPd(pd.core);
+}
+
 /** Registers `buffer` for the access rights in `access` (ACCESS bits). */
 export function regMr(pd: Pd, buffer: Uint8Array, access: number): MemoryRegion {
   return pd.context.device.mrs.register(pd.core, buffer, access);
@@ -243,7 +251,12 @@ export function createCq(ctx: Context, attr: { cqe: number }): Cq {
   return new Cq(ctx, ctx.device.createCq(attr.cqe));
 }
 
+/**
+ * Destroys a CQ (`ibv_destroy_cq`) and rejects its pending `next()`/`wait()` calls. Throws ERR_BUSY
+ * while a QP that uses it remains; on a closed device it always succeeds.
+ */
 export function destroyCq(cq: Cq): void {
+  cq.context.device.destroyCq(cq.core);
   abortWaiters(cq.core, 'CQ destroyed');
 }
 

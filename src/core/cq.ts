@@ -57,6 +57,9 @@ export class CompletionQueue {
   private count = 0;
   /** Set once a completion was lost to a full ring. */
   overflowed = false;
+  /** The QPs using it as a send or receive CQ (one per use), not yet destroyed: `destroyCq` refuses while any are. */
+  users = 0;
+  destroyed = false;
   /**
    * Low-level hook, called synchronously after each push (the async API hangs its waiters
    * here). Must not throw.

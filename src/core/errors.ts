@@ -22,8 +22,13 @@ export type RoceErrorCode =
   | 'ERR_QUEUE_FULL'
   /** A memory registration request is invalid. */
   | 'ERR_MR'
-  /** A resource belongs to another device or protection domain. */
+  /** A resource belongs to another device or protection domain, or was destroyed. */
   | 'ERR_RESOURCE'
+  /**
+   * A resource is still in use and cannot be destroyed: a QP still uses the CQ, or a region or QP
+   * still belongs to the protection domain (libibverbs' EBUSY).
+   */
+  | 'ERR_BUSY'
   /** The device is closed. */
   | 'ERR_DEVICE_CLOSED'
   /** A feature this stack does not implement. */

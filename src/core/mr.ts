@@ -11,11 +11,15 @@
  */
 
 import { DEVICE_LIMITS } from './limits.js';
-import { MrError } from './errors.js';
+import { MrError, RoceError } from './errors.js';
 import { ACCESS, type Lkey, type Rkey, type Sge } from './types.js';
 import { ViewTable } from '../wire/view-table.js';
 
 export class ProtectionDomain {
+  /** Its regions not yet deregistered and its QPs not yet destroyed: `deallocPd` refuses while any are. */
+  users = 0;
+  deallocated = false;
+
   constructor(readonly handle: number, readonly owner: object) {}
 }
 
@@ -170,6 +174,7 @@ export class MrTable {
   private slot = 0n;
 
   register(pd: ProtectionDomain, buffer: Uint8Array, access: number): MemoryRegion {
+    if (pd.deallocated) throw new RoceError('ERR_RESOURCE', 'the protection domain was deallocated');
     if (!(buffer instanceof Uint8Array)) throw new MrError('regMr needs a Uint8Array (or Buffer)');
     if (buffer.length > DEVICE_LIMITS.maxMrSize) throw new MrError(`region of ${buffer.length} bytes exceeds ${DEVICE_LIMITS.maxMrSize}`);
     const known = ACCESS.LOCAL_WRITE | ACCESS.REMOTE_WRITE | ACCESS.REMOTE_READ | ACCESS.REMOTE_ATOMIC;
@@ -185,13 +190,16 @@ export class MrTable {
     const mr = new MemoryRegion(pd, buffer, VA_BASE + this.slot * VA_SLOT, key, key, access);
     this.slot++;
     this.byIndex.set(index, mr);
+    pd.users++;
     return mr;
   }
 
   deregister(mr: MemoryRegion): void {
     const idx = mr.lkey >>> 8;
     if (this.byIndex.get(idx) === mr) this.byIndex.delete(idx);
-    if (!mr.deregistered) this.deregistrations++;
+    if (mr.deregistered) return;
+    this.deregistrations++;
+    mr.pd.users--;
     mr.deregistered = true;
   }
 

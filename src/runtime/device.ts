@@ -158,6 +158,17 @@ export class Device {
     return new ProtectionDomain(this.nextHandle++, owner);
   }
 
+  /**
+   * Frees a protection domain, as `ibv_dealloc_pd`: refused (ERR_BUSY) while a region registered in
+   * it or a QP created in it remains, unless the device is closed (which took everything with it).
+   */
+  deallocPd(pd: ProtectionDomain): void {
+    if (pd.users > 0 && !this.closed) {
+      throw new RoceError('ERR_BUSY', `the protection domain still has ${pd.users} region(s) or QP(s): deregister and destroy them first`);
+    }
+    pd.deallocated = true;
+  }
+
   createCq(cqe: number): CompletionQueue {
     this.assertOpen();
     if (!Number.isInteger(cqe) || cqe < 1 || cqe > DEVICE_LIMITS.maxCqe) {
@@ -168,6 +179,8 @@ export class Device {
 
   createQp(o: CreateQpOptions): QueuePair {
     this.assertOpen();
+    if (o.pd.deallocated) throw new RoceError('ERR_RESOURCE', 'the protection domain was deallocated');
+    if (o.sendCq.destroyed || o.recvCq.destroyed) throw new RoceError('ERR_RESOURCE', 'the CQ was destroyed');
     const c = o.cap;
     const lim = (name: string, v: number, max: number): void => {
       if (!Number.isInteger(v) || v < 0 || v > max) throw new RoceError('ERR_INVALID_ATTR', `${name} ${v} outside 0..${max}`);
@@ -197,6 +210,9 @@ export class Device {
     const slot = qpn & (this.qpSlots.length - 1);
     if (this.qpSlots[slot] === undefined) this.qpSlots[slot] = qp;
     qp.attached = true;
+    o.pd.users++;
+    o.sendCq.users++;
+    o.recvCq.users++;
     return qp;
   }
 
@@ -212,6 +228,17 @@ export class Device {
     return q !== undefined && q.qpn === qpn ? q : this.qps.get(qpn);
   }
 
+  /**
+   * Destroys a CQ, as `ibv_destroy_cq`: refused (ERR_BUSY) while a QP that uses it remains, unless
+   * the device is closed.
+   */
+  destroyCq(cq: CompletionQueue): void {
+    if (cq.users > 0 && !this.closed) {
+      throw new RoceError('ERR_BUSY', `the CQ is still the send or receive CQ of a QP (${cq.users} use(s)): destroy the QP first`);
+    }
+    cq.destroyed = true;
+  }
+
   destroyQp(qp: QueuePair): void {
     if (this.qps.get(qp.qpn) !== qp) return; // destroyed already (or not this device's)
     // The coalesced ACK of the last receive batch still goes out, as it would have at once.
@@ -223,6 +250,9 @@ export class Device {
     const slot = qp.qpn & (this.qpSlots.length - 1);
     if (this.qpSlots[slot] === qp) this.qpSlots[slot] = undefined;
     qp.attached = false;
+    qp.pd.users--;
+    qp.sendCq.users--;
+    qp.recvCq.users--;
     // RESET lets its work go (no completions, as ibv_destroy_qp) and ends every loop of its engines
     // that the destroy may have been called from (a link's or trace hook's, inside a send).
     if (qp.state !== 'RESET') qp.setState('RESET', 'destroyed');
