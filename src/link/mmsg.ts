@@ -572,15 +572,20 @@ export class RxRing {
   /** Reads what is waiting now, and answers it, outside the readable callback (see `UdpLink.readWaiting`). */
   readNow(): void {
     if (this.closed) return;
-    this.drain();
-    this.answerTask();
+    try {
+      this.drain();
+    } finally {
+      this.answerTask();
+    }
   }
 
   private drain(): void {
     const dv = this.dv;
     const nameLen = this.family === 4 ? 16 : 28;
     let budget = RX_BUDGET;
-    while (!this.closed && budget > 0) {
+    // A handler's exception, held until the batch it came from is delivered (see below).
+    let failure: { error: unknown } | undefined;
+    while (!this.closed && budget > 0 && failure === undefined) {
       const gro = this.gro;
       const want = gro ? GRO_BATCH : BATCH;
       // Only the headers recvmmsg may fill: with GRO a quarter of them.
@@ -639,7 +644,13 @@ export class RxRing {
         let k = 0;
         do {
           const end = Math.min(o + step, len);
-          this.deliver(this.view(i, k, o, end - o), this.names[i]!, port, truncated, k, v < judged ? this.verdicts[v]! : -1);
+          try {
+            this.deliver(this.view(i, k, o, end - o), this.names[i]!, port, truncated, k, v < judged ? this.verdicts[v]! : -1);
+          } catch (error) {
+            // The batch's other datagrams were read from the socket and are nowhere else: they are
+            // delivered all the same, and the first exception is thrown once the batch is.
+            failure ??= { error };
+          }
           v++;
           k++;
           o = end;
@@ -657,6 +668,7 @@ export class RxRing {
       }
       this.after(false);
     }
+    if (failure !== undefined) throw failure.error;
   }
 
   /**

@@ -4,6 +4,8 @@
  * strict and recovering receivers, drops, garbage, per-flow source ports, and close.
  */
 
+import { spawn } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
 import t from 'tap';
 import { UdpLink, type LinkWarning } from '../../src/link/udp.js';
 import { openIpv4Observer, setsockoptInt, socketFd, SOL_UDP, UDP_NO_CHECK6_RX, UDP_NO_CHECK6_TX } from '../../src/link/sockopt.js';
@@ -553,6 +555,20 @@ t.test('batched path: a datagram longer than any RoCEv2 packet is not RoCE, with
     t.equal(b.drops.notRoce, 1, `gro ${gro}: counted as not RoCE`);
     t.equal(b.drops.badIcrc, 0);
   }
+});
+
+t.test('batched path: a handler that throws loses nothing: the rest of its recvmmsg batch is delivered, then the exception is thrown', async (t) => {
+  // In a child process: the exception comes out of the socket's readable callback, an uncaught one.
+  const script = fileURLToPath(new URL('./batch-throw-process.js', import.meta.url));
+  const child = spawn(process.execPath, [script], { stdio: ['ignore', 'pipe', 'inherit'] });
+  let out = '';
+  child.stdout.on('data', (d: Buffer) => (out += d.toString()));
+  const code = await new Promise<number | null>((resolve) => child.on('exit', resolve));
+  t.equal(code, 0, 'the child exits normally');
+  const r = JSON.parse(out) as { psns: number[]; uncaught: string[]; watch: string; received: number };
+  t.not(r.watch, 'dgram', `read by recvmmsg (watch: ${r.watch})`);
+  t.same(r.psns, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9], 'every datagram reached the handler, in order');
+  t.same(r.uncaught, ['handler bug'], 'and the exception was thrown once');
 });
 
 t.test('batched path: the receiver reads with recvmmsg, survives garbage and over-long datagrams', async (t) => {
