@@ -693,6 +693,9 @@ export class QueuePair implements EngineContext, CompleterState, RequesterState,
     // The responder first: an ACK to send answers ASAP whatever the requester could do.
     // READ responses only where `poll` sends them.
     if (this.responderBusy && (this.respAckPending || (this.respJobs.length > 0 && (st === 'RTR' || st === 'RTS' || st === 'SQD' || st === 'SQE')))) return ASAP;
+    // A UC or UD WQE sent and not yet completed: the send's link or trace hook threw before `poll`
+    // retired it, and its completion would otherwise wait for the QP's next post.
+    if (this.type !== 'RC' && this.sqHead < this.reqCursor && (st === 'RTS' || st === 'SQD')) return ASAP;
     if (this.requesterCanSend()) {
       if (!this.cc) return ASAP;
       // Paced: the next packet waits for the rate, or for an RP timer that raises it.

@@ -4,6 +4,8 @@
  * up, or destroy it). The engine then leaves the QP to that later change: it does not go on with
  * the request, the error transition, the timer or the packet it was in the middle of.
  */
+import { spawn } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
 import t from 'tap';
 import { allocPd, closeDevice, createAh, createCq, destroyQp, modifyQp, openDevice, pollCq, postRecv, postSend, regMr, type Qp } from '../../src/api/verbs.js';
 import { emptyDrops, type Link, type LinkCaps, type LinkRxHandler, type PeerAddress } from '../../src/link/link.js';
@@ -671,4 +673,18 @@ t.test('code of the application that throws from inside the engine: the exceptio
     t.same(pollCq(p.a.cq, 4).map((w) => `${w.wrId}:${w.status}`), ['1:SUCCESS'], 'acknowledged within a millisecond, no ACK timeout');
     t.equal(p.a.ctx.counters.ackTimeouts, 0);
   });
+});
+
+t.test('on a real clock, a post\'s run (a microtask) that throws: the exception is uncaught, and every QP posted after it runs', async (t) => {
+  // In a child process: an exception from a microtask is the process's uncaught exception.
+  const script = fileURLToPath(new URL('./posted-throw-process.js', import.meta.url));
+  const child = spawn(process.execPath, [script], { stdio: ['ignore', 'pipe', 'inherit'] });
+  let out = '';
+  child.stdout.on('data', (d: Buffer) => (out += d.toString()));
+  const code = await new Promise<number | null>((resolve) => child.on('exit', resolve));
+  t.equal(code, 0, 'the child exits normally');
+  const r = JSON.parse(out) as { uncaught: string[]; done: string[]; received: number };
+  t.same(r.uncaught, ['hook bug'], 'the send\'s exception, once');
+  t.same(r.done, ['0:SUCCESS', '1:SUCCESS', '2:SUCCESS', '3:SUCCESS', '4:SUCCESS'], 'every QP sent its SEND, those posted from inside a send too');
+  t.equal(r.received, 5, 'and every datagram arrived');
 });
