@@ -4,8 +4,6 @@
  * up, or destroy it). The engine then leaves the QP to that later change: it does not go on with
  * the request, the error transition, the timer or the packet it was in the middle of.
  */
-import { spawn } from 'node:child_process';
-import { fileURLToPath } from 'node:url';
 import t from 'tap';
 import { allocPd, closeDevice, createAh, createCq, destroyQp, modifyQp, openDevice, pollCq, postRecv, postSend, regMr, type Qp } from '../../src/api/verbs.js';
 import { emptyDrops, type Link, type LinkCaps, type LinkRxHandler, type PeerAddress } from '../../src/link/link.js';
@@ -15,6 +13,7 @@ import { VirtualClock } from '../../src/runtime/clock.js';
 import { aethKind, NAK_CODE, nakSyndrome } from '../../src/wire/aeth.js';
 import { ALL_ACCESS, bringUp, bth, collect, connectPair, EngineHarness, makeQp, memoryPair, PEER, PEER_QPN, pattern, type ConnectOptions, type MemPair, type Side } from '../helpers/engine.js';
 import { concat } from '../link/helpers.js';
+import { runChild } from '../helpers/child.js';
 
 const E = 500; // the harness's expected PSN
 /** The peer as a UD address handle (its GID unused here). */
@@ -677,11 +676,7 @@ t.test('code of the application that throws from inside the engine: the exceptio
 
 t.test('on a real clock, a post\'s run (a microtask) that throws: the exception is uncaught, and every QP posted after it runs', async (t) => {
   // In a child process: an exception from a microtask is the process's uncaught exception.
-  const script = fileURLToPath(new URL('./posted-throw-process.js', import.meta.url));
-  const child = spawn(process.execPath, [script], { stdio: ['ignore', 'pipe', 'inherit'] });
-  let out = '';
-  child.stdout.on('data', (d: Buffer) => (out += d.toString()));
-  const code = await new Promise<number | null>((resolve) => child.on('exit', resolve));
+  const { code, out } = await runChild(new URL('./posted-throw-process.js', import.meta.url));
   t.equal(code, 0, 'the child exits normally');
   const r = JSON.parse(out) as { uncaught: string[]; done: string[]; received: number };
   t.same(r.uncaught, ['hook bug'], 'the send\'s exception, once');

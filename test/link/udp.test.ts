@@ -4,8 +4,6 @@
  * strict and recovering receivers, drops, garbage, per-flow source ports, and close.
  */
 
-import { spawn } from 'node:child_process';
-import { fileURLToPath } from 'node:url';
 import t from 'tap';
 import { UdpLink, type LinkWarning } from '../../src/link/udp.js';
 import { openIpv4Observer, setsockoptInt, socketFd, SOL_UDP, UDP_NO_CHECK6_RX, UDP_NO_CHECK6_TX } from '../../src/link/sockopt.js';
@@ -14,6 +12,7 @@ import { checkIcrc, checkIcrcOfIpDatagram, icrcImplementation, icrcOfUdpPayload,
 import { parseIpAddress } from '../../src/wire/frame.js';
 import { closeSocket, concat, freePorts, plainSocket, psnOf, recorder, sendOnly, settle, until, type Received } from './helpers.js';
 import type { PeerAddress } from '../../src/link/link.js';
+import { runChild } from '../helpers/child.js';
 
 const warnings: LinkWarning[] = [];
 const warn = (w: LinkWarning): void => {
@@ -559,11 +558,7 @@ t.test('batched path: a datagram longer than any RoCEv2 packet is not RoCE, with
 
 t.test('batched path: a handler that throws loses nothing: the rest of its recvmmsg batch is delivered, then the exception is thrown', async (t) => {
   // In a child process: the exception comes out of the socket's readable callback, an uncaught one.
-  const script = fileURLToPath(new URL('./batch-throw-process.js', import.meta.url));
-  const child = spawn(process.execPath, [script], { stdio: ['ignore', 'pipe', 'inherit'] });
-  let out = '';
-  child.stdout.on('data', (d: Buffer) => (out += d.toString()));
-  const code = await new Promise<number | null>((resolve) => child.on('exit', resolve));
+  const { code, out } = await runChild(new URL('./batch-throw-process.js', import.meta.url));
   t.equal(code, 0, 'the child exits normally');
   const r = JSON.parse(out) as { psns: number[]; uncaught: string[]; watch: string; received: number };
   t.not(r.watch, 'dgram', `read by recvmmsg (watch: ${r.watch})`);

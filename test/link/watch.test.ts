@@ -6,13 +6,12 @@
  * earlier, which is the hop it saves. Closing stops it, twice is harmless, and an exception thrown by
  * `read` is an uncaught exception like one thrown by any listener.
  */
-import { spawn } from 'node:child_process';
 import dgram from 'node:dgram';
-import { fileURLToPath } from 'node:url';
 import t, { type Test } from 'tap';
 import { addonWatch, pollWatch, RxRing, type ReadableWatch } from '../../src/link/mmsg.js';
 import { batchIoFfi, socketFd, stopDgramReading } from '../../src/link/sockopt.js';
 import { addonMissing } from '../../src/wire/addon.js';
+import { runChild } from '../helpers/child.js';
 
 const ffi = batchIoFfi();
 
@@ -127,11 +126,7 @@ t.test('addon: bad arguments are a TypeError', async (t) => {
 });
 
 t.test('addon: an exception thrown by read is an uncaught exception, and the process goes on', async (t) => {
-  const script = fileURLToPath(new URL('./watch-throw-process.js', import.meta.url));
-  const child = spawn(process.execPath, [script], { stdio: ['ignore', 'pipe', 'inherit'] });
-  let out = '';
-  child.stdout.on('data', (d: Buffer) => (out += d.toString()));
-  const code = await new Promise<number | null>((resolve) => child.on('exit', resolve));
+  const { code, out } = await runChild(new URL('./watch-throw-process.js', import.meta.url));
   t.equal(code, 0, 'exits normally');
   t.match(out, /uncaught: read failed\nstill running\n/, out);
 });
