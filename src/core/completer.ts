@@ -232,10 +232,10 @@ export class Completer {
         }
         if (wqe.opcode !== 'ATOMIC_CMP_AND_SWP' && wqe.opcode !== 'ATOMIC_FETCH_AND_ADD') return fatal(wqe, 'BAD_RESP_ERR', 0);
         this.resetRetryCounters(ctx);
+        if (!regionsStillHeld(ctx.mrs, wqe)) return fatal(wqe, 'LOC_PROT_ERR', 0);
         // The original value lands in the local buffer in host (little-endian) order, as libibverbs does.
         const orig = new Uint8Array(8);
         new DataView(orig.buffer).setBigUint64(0, pkt.atomicAckEth!.originalData, true);
-        if (!regionsStillHeld(ctx.mrs, wqe)) return fatal(wqe, 'LOC_PROT_ERR', 0);
         if (!scatter(wqe.segments!, 0, orig)) return fatal(wqe, 'LOC_LEN_ERR', 0);
         ctx.compPsn = psnAdd(psn, 1);
         ctx.retireWqe(wqe);
