@@ -271,6 +271,38 @@ export const CASES: readonly CaseDef[] = [
     },
   },
   {
+    id: 'read-response-to-send',
+    title: 'An RDMA READ response for the peer\'s outstanding SEND',
+    rule: 'IBTA Vol.1 §9.7.5.1 (requester: a response whose opcode does not fit the request at its PSN is a bad response), ' +
+      'the completion status Bad Response (libibverbs IBV_WC_BAD_RESP_ERR: "an unexpected transport layer opcode was returned by the responder")',
+    expected: 'taken as a bad response: the peer\'s SEND completes in error, is not sent again, and its QP goes to the Error state',
+    requires: needEcho,
+    fatal: true,
+    async run(c) {
+      const first = await provokePeerSend(c);
+      if (!first) return dev('the peer did not answer our SEND with one of its own');
+      const ours = (r: Rx): boolean => r.parsed.ok && r.parsed.info.request && r.parsed.packet.bth.destQp === c.p.ourQpn;
+      // The whole SEND first, so that its own later packets are not taken for a retransmission.
+      const end = first.rx.parsed.ok && first.rx.parsed.info.end ? first.rx
+        : await c.waitResponse((r) => ours(r) && r.parsed.ok && r.parsed.info.end && psnDiff(r.parsed.packet.bth.psn, first.psn) >= 0, c.t.responseMs * 2);
+      if (!end?.parsed.ok) return dev(`the peer's request from psn ${hex(first.psn)} did not end`);
+      const last = end.parsed.packet.bth.psn;
+      // At the SEND's first PSN, where a response reaches its WQE whatever the SEND's length.
+      const resp = c.p.request('RC_RDMA_READ_RESPONSE_ONLY', { psn: first.psn, ackReq: false });
+      resp.aeth = { syndrome: ackSyndrome(), msn: (c.p.msn + 1) & 0xffffff };
+      const at = c.p.now();
+      c.p.send(resp);
+      // Dropped instead, the response would leave the SEND unacknowledged: it would be sent again
+      // after the local ACK timeout.
+      const window = timeoutWindow(c);
+      const again = await c.waitResponse((r) => r.at > at && ours(r) && r.parsed.ok && psnDiff(r.parsed.packet.bth.psn, first.psn) >= 0 &&
+        psnDiff(r.parsed.packet.bth.psn, last) <= 0, window);
+      const what = `READ RESPONSE ONLY psn ${hex(first.psn)}`;
+      if (again) return dev(`${what}: the peer's request sent again ${(again.at - at).toFixed(0)} ms later (${describeRx(again)}), the response ignored`);
+      return pass(`${what}: the peer's request not sent again within ${window} ms`);
+    },
+  },
+  {
     id: 'implied-nak',
     title: 'Implied NAK: an ACK beyond an outstanding READ',
     rule: 'IBTA Vol.1 §9.7.5.1.4 (requester: a response PSN later than an outstanding RDMA READ/atomic implies its responses were lost), C9-121 area',
@@ -725,6 +757,6 @@ export const SUITES: Readonly<Record<string, readonly string[]>> = {
   psn: ['psn-gap-nak-once', 'dup-send', 'dup-write', 'dup-read', 'dup-atomic', 'psn-wrap'],
   malformed: ['bad-icrc', 'truncated', 'bad-padcnt', 'bad-tver', 'wrong-pkey', 'pkey-limited-member', 'unknown-qp', 'cnp-to-rc'],
   errors: ['invalid-opcode-sequence', 'short-first', 'rkey-violation', 'out-of-bounds', 'missing-access', 'op-not-enabled', 'rnr'],
-  requester: ['ghost-ack', 'ack-reserved-bit', 'implied-nak', 'ack-timeout', 'retry-exhaustion'],
+  requester: ['ghost-ack', 'ack-reserved-bit', 'read-response-to-send', 'implied-nak', 'ack-timeout', 'retry-exhaustion'],
   quick: ['psn-gap-nak-once', 'dup-send', 'bad-icrc', 'unknown-qp', 'zero-length-send'],
 };

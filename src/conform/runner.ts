@@ -318,7 +318,7 @@ export async function runConformance(o: RunOptions): Promise<RunReport> {
       result.liveness = live;
     } else if (def.fatal && out.verdict === 'pass' && def.id !== 'retry-exhaustion') {
       result.verdict = 'deviation';
-      result.observed = `${out.observed}; but the QP kept answering (IBTA: the responder QP goes to the Error state)`;
+      result.observed = `${out.observed}; but the QP kept answering (IBTA: the QP goes to the Error state)`;
     }
     if (def.fatal && live !== 'failed' && s && keeper.variantKey === '{}' && live !== 'reconnected') {
       // The peer's QP is still up after a fatal case: start the next case on a fresh one anyway.

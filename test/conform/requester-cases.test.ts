@@ -1,5 +1,5 @@
 /**
- * The requester cases (ack-timeout, retry-exhaustion) against `roce serve`'s server in-process:
+ * The requester cases (ack-reserved-bit, read-response-to-send, ack-timeout, retry-exhaustion) against `roce serve`'s server in-process:
  * they hold back their ACKs on purpose, so what they leave behind, and what they take for the
  * peer's answer, must not depend on when a late copy of an earlier request arrives.
  */
@@ -22,6 +22,32 @@ t.test('ack-timeout ACKs the retransmission it waited for: the peer sends its re
   const psn = Number.parseInt(/psn 0x([0-9a-f]+)/.exec(c.observed)![1]!, 16);
   // The case's quiet time covers the peer's next timeout, so a third copy would be seen.
   t.equal(requestsWithPsn(b.prober.received(from), psn).length, 2, 'the request and one retransmission');
+});
+
+/** An RC RDMA READ RESPONSE ONLY (opcode 0x10). */
+const readResponseOnly = (d: Uint8Array): boolean => d.length >= 16 && d[0] === 0x10;
+
+t.test('read-response-to-send: the server takes a READ response for its SEND as a bad response, and its QP stops', async (t) => {
+  const b = await bench();
+  t.teardown(() => b.close());
+  const from = b.prober.mark();
+  const r = await runConformance({ prober: b.prober, exchange: b.exchange(), only: ['read-response-to-send'], timing: FAST });
+  const c = r.cases[0]!;
+  t.equal(c.verdict, 'pass', c.observed);
+  t.equal(c.liveness, 'reconnected', 'the QP stopped answering, and a fresh session was made');
+  t.ok(b.prober.log.slice(from.log).some((e) => e.dir === 'tx' && readResponseOnly(e.bytes)), 'the prober sent a READ response');
+  const psn = Number.parseInt(/psn 0x([0-9a-f]+)/.exec(c.observed)![1]!, 16);
+  t.equal(requestsWithPsn(b.prober.received(from), psn).length, 1, 'the SEND it reached was not sent again');
+});
+
+t.test('read-response-to-send reports a peer that drops the response: its request is sent again', async (t) => {
+  const b = await bench({ rxFilter: (d) => !readResponseOnly(d) });
+  t.teardown(() => b.close());
+  const r = await runConformance({ prober: b.prober, exchange: b.exchange(), only: ['read-response-to-send'], timing: FAST });
+  const c = r.cases[0]!;
+  t.equal(c.verdict, 'deviation', c.observed);
+  t.match(c.observed, /request sent again \d+ ms later .*the response ignored/);
+  t.equal(c.liveness, 'ok', 'the QP kept answering');
 });
 
 t.test('retry-exhaustion counts the request it provoked, not a late copy of an earlier one', async (t) => {
