@@ -103,9 +103,9 @@ export async function* completions(cq: CompletionQueue, signal?: AbortSignal): A
   }
 }
 
-/** Rejects every pending waiter (the CQ is being destroyed). */
-export function abortWaiters(cq: CompletionQueue, why: string): void {
+/** Rejects every pending waiter (the CQ is being destroyed) with `why`, or an Error saying it. */
+export function abortWaiters(cq: CompletionQueue, why: string | Error): void {
   const list = waiters.get(cq);
   if (!list) return;
-  for (const w of list.splice(0)) w.reject(new Error(why));
+  for (const w of list.splice(0)) w.reject(typeof why === 'string' ? new Error(why) : why);
 }

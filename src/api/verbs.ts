@@ -257,7 +257,8 @@ export function createCq(ctx: Context, attr: { cqe: number }): Cq {
  */
 export function destroyCq(cq: Cq): void {
   cq.context.device.destroyCq(cq.core);
-  abortWaiters(cq.core, 'CQ destroyed');
+  // As a wait begun after the destroy is rejected (async.ts): one error for both.
+  abortWaiters(cq.core, new RoceError('ERR_RESOURCE', 'CQ destroyed'));
 }
 
 export function createQp(pd: Pd, init: QpInitAttr): Qp {

@@ -27,7 +27,7 @@ t.test('a CQ is destroyed only once no QP uses it', async (t) => {
   destroyQp(qp);
   destroyCq(scq);
   destroyCq(rcq);
-  await t.rejects(waiting, /CQ destroyed/, 'a pending wait is rejected by the destroy');
+  await t.rejects(waiting, { code: 'ERR_RESOURCE', message: 'CQ destroyed' }, 'a pending wait is rejected by the destroy, as one begun after it');
   await t.rejects(rcq.next(), { code: 'ERR_RESOURCE' }, 'a wait after the destroy is rejected, not left pending');
   t.throws(() => createQp(pd, { type: 'RC', sendCq: scq, recvCq: createCq(ctx, { cqe: 8 }) }), { code: 'ERR_RESOURCE' }, 'no QP on a destroyed CQ');
 });
