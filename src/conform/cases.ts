@@ -247,14 +247,10 @@ export const CASES: readonly CaseDef[] = [
     expected: 'taken as the ACK it is: the peer\'s request completes, is not sent again, and its QP keeps answering',
     requires: needEcho,
     async run(c) {
-      const first = await provokePeerSend(c);
-      if (!first) return dev('the peer did not answer our SEND with one of its own');
-      const ours = (r: Rx): boolean => r.parsed.ok && r.parsed.info.request && r.parsed.packet.bth.destQp === c.p.ourQpn;
-      const end = first.rx.parsed.ok && first.rx.parsed.info.end ? first.rx
-        : await c.waitResponse((r) => ours(r) && r.parsed.ok && r.parsed.info.end && psnDiff(r.parsed.packet.bth.psn, first.psn) >= 0, c.t.responseMs * 2);
-      if (!end?.parsed.ok) return dev(`the peer's request from psn ${hex(first.psn)} did not end`);
+      const sent = await provokeWholePeerSend(c);
+      if ('verdict' in sent) return sent;
+      const { first, last, ours } = sent;
       // Acknowledge the whole message, as the prober's own ACK would, with bit 7 of the syndrome set.
-      const last = end.parsed.packet.bth.psn;
       c.p.peerPsn = psnAdd(last, 1);
       c.p.msn = (c.p.msn + 1) & 0xffffff;
       const syndrome = 0x80 | ackSyndrome();
@@ -279,14 +275,10 @@ export const CASES: readonly CaseDef[] = [
     requires: needEcho,
     fatal: true,
     async run(c) {
-      const first = await provokePeerSend(c);
-      if (!first) return dev('the peer did not answer our SEND with one of its own');
-      const ours = (r: Rx): boolean => r.parsed.ok && r.parsed.info.request && r.parsed.packet.bth.destQp === c.p.ourQpn;
       // The whole SEND first, so that its own later packets are not taken for a retransmission.
-      const end = first.rx.parsed.ok && first.rx.parsed.info.end ? first.rx
-        : await c.waitResponse((r) => ours(r) && r.parsed.ok && r.parsed.info.end && psnDiff(r.parsed.packet.bth.psn, first.psn) >= 0, c.t.responseMs * 2);
-      if (!end?.parsed.ok) return dev(`the peer's request from psn ${hex(first.psn)} did not end`);
-      const last = end.parsed.packet.bth.psn;
+      const sent = await provokeWholePeerSend(c);
+      if ('verdict' in sent) return sent;
+      const { first, last, ours } = sent;
       // At the SEND's first PSN, where a response reaches its WQE whatever the SEND's length.
       const resp = c.p.request('RC_RDMA_READ_RESPONSE_ONLY', { psn: first.psn, ackReq: false });
       resp.aeth = { syndrome: ackSyndrome(), msn: (c.p.msn + 1) & 0xffffff };
@@ -750,6 +742,20 @@ async function provokePeerSend(c: CaseCtx): Promise<{ rx: Rx; psn: number } | un
     psnDiff(r.parsed.packet.bth.psn, c.p.peerPsn) >= 0, c.t.responseMs * 2);
   if (!rx?.parsed.ok) return undefined;
   return { rx, psn: rx.parsed.packet.bth.psn };
+}
+
+/**
+ * `provokePeerSend`, then the rest of the peer's message: its first and last PSN, and a test for the
+ * peer's requests; a deviation if it sent none or did not end it.
+ */
+async function provokeWholePeerSend(c: CaseCtx): Promise<{ first: { rx: Rx; psn: number }; last: number; ours: (r: Rx) => boolean } | Outcome> {
+  const first = await provokePeerSend(c);
+  if (!first) return dev('the peer did not answer our SEND with one of its own');
+  const ours = (r: Rx): boolean => r.parsed.ok && r.parsed.info.request && r.parsed.packet.bth.destQp === c.p.ourQpn;
+  const end = first.rx.parsed.ok && first.rx.parsed.info.end ? first.rx
+    : await c.waitResponse((r) => ours(r) && r.parsed.ok && r.parsed.info.end && psnDiff(r.parsed.packet.bth.psn, first.psn) >= 0, c.t.responseMs * 2);
+  if (!end?.parsed.ok) return dev(`the peer's request from psn ${hex(first.psn)} did not end`);
+  return { first, last: end.parsed.packet.bth.psn, ours };
 }
 
 export const SUITES: Readonly<Record<string, readonly string[]>> = {
