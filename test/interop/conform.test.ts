@@ -211,6 +211,19 @@ const FUZZ_EXPLAINED: { match: (exchange: string, f: FuzzReport['findings'][numb
       'Flushed Error (5) for wr_id 1", among the tool\'s own exits this test lists for the run).',
   },
   {
+    // The same WQE, reached by an ACKNOWLEDGE whose syndrome rxe takes as an error, bit 7 aside.
+    match: (exchange, f) => exchange === 'pingpong' && f.kind === 'liveness' && f.file.datagrams.some((d) => d.icrc === 'good' && d.rebaseQp && erroringAck(d.hex)),
+    why:
+      'The batch holds, with a good ICRC, an ACKNOWLEDGE for the QP of ibv_rc_pingpong whose syndrome `check_ack()` in ' +
+      '`rxe_comp.c` (as stored at 06a7fcf) takes as an error of the WQE it reaches: type bits 6..5 = 10, which IBTA reserves ' +
+      '(`syn & AETH_TYPE_MASK` is none of `AETH_ACK`, `AETH_RNR_NAK`, `AETH_NAK`: its `default:` returns `COMPST_ERROR`, as ' +
+      'for the reserved bit 7 above), or a NAK other than a PSN sequence error (Invalid Request, Remote Access, Remote ' +
+      'Operational, and any other code as Remote Operational: `COMPST_ERROR` with that status, as IBTA has it for those ' +
+      'NAKs). `rxe_completer()` then completes the WQE in error and calls `rxe_qp_error()`, with nothing on the wire. As ' +
+      'with the ACK above, it reaches a WQE only when the pingpong has posted and sent its reply by the time rxe\'s ' +
+      'completer takes it, hence "not reproduced reliably".',
+  },
+  {
     // The same WQE, reached by a response of another kind than a SEND's.
     match: (exchange, f) => exchange === 'pingpong' && f.kind === 'liveness' && f.file.datagrams.some((d) => d.icrc === 'good' && d.rebaseQp && responseOfAnotherKind(d.hex)),
     why:
@@ -233,6 +246,16 @@ function responseOfAnotherKind(hex: string): boolean {
   const op = Number.parseInt(hex.slice(0, 2), 16);
   const headers = op === 0x0e ? 12 : op >= 0x0d && op <= 0x10 ? 16 : op === 0x12 ? 28 : Infinity;
   return hex.length / 2 >= headers;
+}
+
+/**
+ * An RC ACKNOWLEDGE (opcode 0x11) with its whole AETH whose syndrome, bit 7 clear, has the reserved type 10 or is a NAK
+ * other than a PSN sequence error (0x60); `hex` a UDP payload without its ICRC.
+ */
+function erroringAck(hex: string): boolean {
+  if (hex.length < 32 || hex.slice(0, 2) !== '11') return false;
+  const syn = Number.parseInt(hex.slice(24, 26), 16);
+  return (syn & 0xe0) === 0x40 || ((syn & 0xe0) === 0x60 && syn !== 0x60);
 }
 
 /** An RC ACKNOWLEDGE (opcode 0x11) whose AETH syndrome, the byte after the BTH, has bit 7 set; `hex` a UDP payload. */
