@@ -12,6 +12,7 @@ import type { WorkCompletion } from '../../src/core/types.js';
 import { emitPacket, packetLength, type RocePacket } from '../../src/wire/packet.js';
 import { ackSyndrome } from '../../src/wire/aeth.js';
 import { ALL_ACCESS, bringUp, bth, makeQp, memoryPair, runUntil } from '../helpers/engine.js';
+import { MAX_UNACKED_PSNS } from '../../src/core/limits.js';
 
 const S = 0x200; // the requester's first PSN
 
@@ -71,4 +72,29 @@ t.test('a plain ACK where a READ response is due, and an ACK to a QP in error', 
   send(ackBytes(qb.qpNum, S + 1));
   t.equal(c().badState, 1, 'an ACK to a QP in ERR is dropped');
   t.same(poll(), flushed, 'and completes nothing more');
+});
+
+t.test("a completion handler that throws inside the usual ACK: the exception reaches the caller, and the QP sends what the ACK let it", async (t) => {
+  // One WRITE more than the window of unacknowledged PSNs: the last waits for the first's ACK.
+  const ops = Array.from({ length: MAX_UNACKED_PSNS + 1 }, () => 'RDMA_WRITE' as const);
+  const { p, qb, c, poll, send } = await setup(t, ops.slice(0, MAX_UNACKED_PSNS));
+  const mr = regMr(p.b.pd, new Uint8Array(512), ALL_ACCESS);
+  postSend(qb, { wrId: ops.length, opcode: 'RDMA_WRITE', sgList: [mr.sge(0, 512)], rdma: { remoteAddr: 0x1000n, rkey: 0x77 } });
+  p.clock.run(1000);
+  t.equal(c().sentPkts, MAX_UNACKED_PSNS, 'the window holds the last WRITE back');
+  let thrown = 0;
+  p.b.cq.core.onCompletion = () => {
+    thrown++;
+    throw new Error('handler bug');
+  };
+  const rcvd = c().rcvdPkts;
+  t.throws(() => send(ackBytes(qb.qpNum, S)), /handler bug/, "the handler's exception comes out of the receive");
+  t.equal(thrown, 1, 'the handler ran once');
+  t.equal(c().rcvdPkts, rcvd + 1, 'the ACK is counted received');
+  p.b.cq.core.onCompletion = undefined;
+  // Far less than the ACK timeout (timeout 20: about 4.3 s): only a run the ACK scheduled sends it.
+  p.clock.run(1000);
+  t.equal(c().sentPkts, MAX_UNACKED_PSNS + 1, 'the window the ACK opened let the last WRITE go');
+  t.equal(c().retransPkts, 0, 'nothing was sent again');
+  t.same(poll(), ['1:SUCCESS'], 'the ACK completed the first WRITE, and only it');
 });
