@@ -9,14 +9,19 @@
  * initiator, without the kernel's, at 1 QP and at N.
  *
  *   node dist/bench/initiator-path.js [--qps 1,10000] [--rounds 7] [--ms 800] [TREE ...]
+ *   taskset -c 1 node dist/bench/initiator-path.js --interleave [--qps 10000] [--rounds 40] [--ms 100] TREE ...
  *
- * Rounds, trees and the figures printed are as in `target-path.ts`.
+ * Rounds, trees and the figures printed are as in `target-path.ts`. With `--interleave` every tree runs
+ * in this one process, windows alternated as there; a window starts with `DEPTH` WRITEs posted and ends
+ * with all of them completed (untimed), so that a tree waiting its turn has nothing in flight.
  */
 
+import { dirname, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { parseArgs } from 'node:util';
 import type { WorkCompletion } from '../src/core/types.js';
 import { readU24, writeU24 } from '../src/wire/bytes.js';
-import { pathMain, stubAck, stubSide, turn } from './target-path.js';
+import { interleaved, pathMain, stubAck, stubSide, turn } from './target-path.js';
 
 const SIZE = 4096;
 const DEPTH = 128;
@@ -26,7 +31,11 @@ const WARMUP_MS = 1500;
 /** The peer's QPNs: the stub side connects QP i to 0x100 + i. */
 const PEER_QPN_BASE = 0x100;
 
-async function child(tree: string, n: number, ms: number): Promise<void> {
+/**
+ * The initiator's side for one tree and QP count: the returned function runs it for about `ms` with
+ * `DEPTH` WRITEs outstanding, then lets them all complete, and gives ns per message of the window.
+ */
+async function initiatorRunner(tree: string, n: number): Promise<(ms: number) => Promise<{ nsPerPacket: number; packets: number }>> {
   // The WRITEs the device sent, in order: the index of their QP and their PSN.
   const RING = 1 << 12;
   const sentQp = new Int32Array(RING);
@@ -52,7 +61,11 @@ async function child(tree: string, n: number, ms: number): Promise<void> {
   for (let s = 0; s < 2 * BATCH; s++) slots.push(stubAck());
   const wr = { wrId: 1, opcode: 'RDMA_WRITE' as const, sgList: [mr.sge(0, SIZE)], rdma: { remoteAddr: 0x7f00_0000_0000n, rkey: 0x1234 } };
   let rr = 0;
+  let posting = true;
+  let posted = 0;
   const post = (k: number): void => {
+    if (!posting) return;
+    posted += k;
     for (let j = 0; j < k; j++) {
       v.postSend(qps[rr]!, wr);
       rr = rr + 1 === n ? 0 : rr + 1;
@@ -106,23 +119,49 @@ async function child(tree: string, n: number, ms: number): Promise<void> {
       }
     }
   };
-  post(DEPTH);
-  await turn();
+  return async (ms: number) => {
+    posting = true;
+    post(DEPTH);
+    await turn();
+    const c0 = completed;
+    const s0 = sentTail;
+    const t0 = performance.now();
+    await runFor(ms);
+    const t1 = performance.now();
+    const msgs = completed - c0;
+    // Then every WRITE in flight completes, untimed: a window leaves nothing behind.
+    posting = false;
+    const end = performance.now() + 5000;
+    while (completed < posted && performance.now() < end) {
+      round();
+      await turn();
+    }
+    // WRITEs completed, all of them in the end, none sent that was not posted, nothing else sent.
+    if (msgs === 0 || completed !== posted || foreign > 0 || sentTail !== posted || sentTail - s0 < msgs) {
+      throw new Error(`initiator-path: ${msgs} completed in the window, ${completed} of ${posted} posted in all, ${sentTail} sent, ${foreign} unexpected packets`);
+    }
+    return { nsPerPacket: ((t1 - t0) * 1e6) / msgs, packets: msgs };
+  };
+}
+
+/** One process, one tree, one QP count: ns per message over `ms`, after a warm-up. */
+async function child(tree: string, n: number, ms: number): Promise<void> {
+  const run = await initiatorRunner(tree, n);
   // A longer warm-up than the target's: with 10,000 QPs each send queue grows on its first posts and
   // the code settles only after every QP has carried a few messages (the first 400 ms read twice the
   // steady cost).
-  await runFor(WARMUP_MS);
-  const c0 = completed;
-  const t0 = performance.now();
-  await runFor(ms);
-  const t1 = performance.now();
-  const msgs = completed - c0;
-  // WRITEs completed, none sent that was not posted (one per completion after the first DEPTH), nothing else sent.
-  if (msgs === 0 || foreign > 0 || sentTail > DEPTH + completed) {
-    throw new Error(`initiator-path: ${msgs} completed, ${sentTail} sent for ${DEPTH + completed} posted, ${foreign} unexpected packets`);
-  }
-  process.stdout.write(`${JSON.stringify({ nsPerPacket: ((t1 - t0) * 1e6) / msgs, packets: msgs })}\n`);
+  await run(WARMUP_MS);
+  process.stdout.write(`${JSON.stringify(await run(ms))}\n`);
 }
 
 const me = fileURLToPath(import.meta.url);
-await pathMain(me, `WRITE ${SIZE} B, ${DEPTH} outstanding round-robin, answered ${BATCH} at a time`, child);
+if (process.argv.includes('--interleave')) {
+  const { values, positionals } = parseArgs({
+    allowPositionals: true,
+    options: { interleave: { type: 'boolean' }, qps: { type: 'string', default: '10000' }, rounds: { type: 'string', default: '40' }, ms: { type: 'string', default: '100' } },
+  });
+  const trees = positionals.length > 0 ? positionals.map((t) => resolve(t)) : [resolve(dirname(me), '../..')];
+  await interleaved(trees, Number(values.qps), Number(values.rounds), Number(values.ms), initiatorRunner, WARMUP_MS);
+} else {
+  await pathMain(me, `WRITE ${SIZE} B, ${DEPTH} outstanding round-robin, answered ${BATCH} at a time`, child);
+}

@@ -214,14 +214,18 @@ async function child(tree: string, n: number, ms: number): Promise<void> {
  * VM whose speed swings by 2× from one second to the next (separate processes, a second each, do not).
  * Prints each tree's median ns per packet and its median per-window ratio to the first tree's.
  */
-async function interleaved(trees: string[], n: number, rounds: number, ms: number): Promise<void> {
-  const runs: ((ms: number) => { nsPerPacket: number })[] = [];
-  for (const tree of trees) runs.push(await targetRunner(tree, n));
-  for (const run of runs) run(500);
+export async function interleaved(
+  trees: string[], n: number, rounds: number, ms: number,
+  runner: (tree: string, n: number) => Promise<(ms: number) => { nsPerPacket: number } | Promise<{ nsPerPacket: number }>> = targetRunner,
+  warmupMs = 500,
+): Promise<void> {
+  const runs: ((ms: number) => { nsPerPacket: number } | Promise<{ nsPerPacket: number }>)[] = [];
+  for (const tree of trees) runs.push(await runner(tree, n));
+  for (const run of runs) await run(warmupMs);
   const got: number[][] = trees.map(() => []);
   for (let r = 0; r < rounds; r++) {
     const order = r % 2 === 0 ? [...runs.keys()] : [...runs.keys()].reverse();
-    for (const i of order) got[i]!.push(runs[i]!(ms).nsPerPacket);
+    for (const i of order) got[i]!.push((await runs[i]!(ms)).nsPerPacket);
   }
   console.log(`${rounds} rounds of ${ms} ms per tree in one process, ${n.toLocaleString('en-US')} QP${n === 1 ? '' : 's'}; ns per packet`);
   const first = got[0]!;
