@@ -24,3 +24,15 @@ for (const harness of ['target-path', 'initiator-path']) {
     });
   }
 }
+
+for (const harness of ['target-path', 'initiator-path']) {
+  t.test(`${harness} --interleave: two copies of this build in one process, each window's figure paired`, async (t) => {
+    const { stdout } = await run(process.execPath, [resolve(root, 'dist/bench', `${harness}.js`), '--interleave', '--qps', '40', '--rounds', '2', '--ms', '50', root, root], { timeout: 120_000 });
+    const lines = stdout.trim().split('\n');
+    t.match(lines[0], /^2 rounds of 50 ms per tree in one process, 40 QPs; ns per packet$/);
+    const figures = lines.slice(1).map((l) => /: median (\d+), over the first tree paired (\d+\.\d+)$/.exec(l));
+    t.equal(figures.length, 2, 'a line per tree');
+    t.ok(figures.every((m) => m !== null && Number(m[1]) > 0), 'each with its median');
+    t.equal(figures[0]?.[2], '1.000', 'the first tree over itself');
+  });
+}
