@@ -209,10 +209,12 @@ async function child(tree: string, n: number, ms: number): Promise<void> {
 }
 
 /**
- * `--interleave`: every tree's target in this one process, windows of `ms` alternated tree by tree for
- * `rounds` rounds, the order reversed every other round, so that the builds see the same moments of a
- * VM whose speed swings by 2× from one second to the next (separate processes, a second each, do not).
- * Prints each tree's median ns per packet and its median per-window ratio to the first tree's.
+ * `--interleave`: every tree's target (or the side `runner` makes: `initiator-path.ts` passes the
+ * initiator's) in this one process, windows of `ms` alternated tree by tree for `rounds` rounds, the
+ * order reversed every other round, so that the builds see the same moments of a VM whose speed swings
+ * by 2× from one second to the next (separate processes, a second each, do not). Prints each tree's
+ * median ns per packet and its median per-window ratio to the first tree's. The tree loaded second
+ * reads faster (bench/README.md): compare a pair in both orders.
  */
 export async function interleaved(
   trees: string[], n: number, rounds: number, ms: number,
