@@ -48,15 +48,17 @@ export async function openSide(address: string, mtu: number, cqe: number): Promi
   // (the default), ROCE_BENCH_SOURCE_PORTS=per-flow the device's loopback default of one source
   // port with rxe's per-QP ports, ROCE_BENCH_GSO=0 / ROCE_BENCH_GRO=0 the batched path without
   // trains / without UDP_GRO at the receiver, ROCE_BENCH_WATCH=poll with koffi's poll instead of the
-  // addon's watch (see src/link/udp.ts).
+  // addon's watch, ROCE_BENCH_CALLS=koffi with koffi's sendmmsg/recvmmsg instead of the addon's (see
+  // src/link/udp.ts).
   const mode = process.env['ROCE_BENCH_SEND_MODE'];
   const ports = process.env['ROCE_BENCH_SOURCE_PORTS'];
-  const udp: { sendMode?: 'ring' | 'scatter'; batchIo?: boolean; sourcePorts?: 'bound' | 'per-flow'; gso?: boolean; gro?: boolean; watch?: 'poll' } = {
+  const udp: { sendMode?: 'ring' | 'scatter'; batchIo?: boolean; sourcePorts?: 'bound' | 'per-flow'; gso?: boolean; gro?: boolean; watch?: 'poll'; calls?: 'koffi' } = {
     ...(mode === 'ring' || mode === 'scatter' ? { sendMode: mode, batchIo: false } : {}),
     ...(ports === 'bound' || ports === 'per-flow' ? { sourcePorts: ports } : {}),
     ...(process.env['ROCE_BENCH_GSO'] === '0' ? { gso: false } : {}),
     ...(process.env['ROCE_BENCH_GRO'] === '0' ? { gro: false } : {}),
     ...(process.env['ROCE_BENCH_WATCH'] === 'poll' ? { watch: 'poll' as const } : {}),
+    ...(process.env['ROCE_BENCH_CALLS'] === 'koffi' ? { calls: 'koffi' as const } : {}),
   };
   const ctx = await openDevice({ address, port: 0, mtu, udp });
   const pd = allocPd(ctx);

@@ -1,6 +1,7 @@
 /**
  * Batched datagram I/O for `UdpLink`: `sendmmsg` with UDP GSO trains, and `recvmmsg`, on the
- * link's own sockets through the FFI (`sockopt.ts`), into native memory the kernel is given once.
+ * link's own sockets (the addon's calls where it is built, else koffi's: `sockopt.ts`,
+ * `batchIoFfi`), into native memory the kernel is given once.
  *
  * Why (bench/README.md, "what mattered", has the figures): `node:dgram` costs one syscall, one
  * JavaScript-to-C++ crossing and, on receive, a fresh 64 KiB allocation, a `Buffer`, an address

@@ -17,6 +17,7 @@
 
 import { createRequire } from 'node:module';
 import type { Socket } from 'node:dgram';
+import { icrcAddon, type IcrcAddon } from '../wire/addon.js';
 
 // <netinet/in.h>, <linux/in.h>, <linux/udp.h>, <asm-generic/socket.h> (Linux, all architectures
 // node runs on; the SOL_SOCKET values differ on MIPS/SPARC/PA-RISC, which koffi does not ship for).
@@ -64,6 +65,8 @@ export interface BatchIoFfi {
   alloc: (bytes: number) => { address: bigint; view: ArrayBuffer };
   /** libuv poll on a descriptor (koffi's `uv_poll_t`). */
   poll: (fd: number, opts: { readable?: boolean; writable?: boolean }, cb: (ev: { readable: boolean; writable: boolean }) => void) => PollHandle;
+  /** Whose `sendmmsg` and `recvmmsg` these are: the addon's (`src/native/mmsg.c`) or koffi's calls into libc. */
+  readonly calls: 'addon' | 'koffi';
 }
 
 export interface PollHandle {
@@ -75,6 +78,7 @@ export interface PollHandle {
 
 interface Libc {
   batch: BatchIoFfi;
+  batchKoffi: BatchIoFfi;
   setsockopt: IntFn;
   getsockopt: IntFn;
   socket: (domain: number, type: number, protocol: number) => number;
@@ -83,6 +87,41 @@ interface Libc {
   close: (fd: number) => number;
   errno: () => number;
   errnoName: (e: number) => string;
+}
+
+/**
+ * `sendmmsg` and `recvmmsg` as the batched path calls them, with the `errno` that goes with their
+ * failures: `addon`'s (`src/native/mmsg.c`, which return -errno) where it has them, else the given
+ * ones (koffi's calls into libc). Through koffi a call cost about 0.27 µs more (bench/HISTORY.md,
+ * "Since the full run at 20:17"), and a ping-pong makes two per message on each side.
+ */
+export function mmsgCalls(
+  sendmmsg: BatchIoFfi['sendmmsg'],
+  recvmmsg: BatchIoFfi['recvmmsg'],
+  errno: () => number,
+  addon: Pick<IcrcAddon, 'sendmmsg' | 'recvmmsg'> | undefined,
+): Pick<BatchIoFfi, 'sendmmsg' | 'recvmmsg' | 'errno' | 'calls'> {
+  const send = addon?.sendmmsg;
+  const recv = addon?.recvmmsg;
+  if (send === undefined || recv === undefined) return { sendmmsg, recvmmsg, errno, calls: 'koffi' };
+  // The last failure's code, kept until the next: `errno` is read right after the call that failed.
+  let last = 0;
+  return {
+    sendmmsg: (fd, msgvec, vlen, flags) => {
+      const r = send(fd, msgvec as Uint8Array, vlen, flags);
+      if (r >= 0) return r;
+      last = -r;
+      return -1;
+    },
+    recvmmsg: (fd, msgvec, vlen, flags) => {
+      const r = recv(fd, msgvec as Uint8Array, vlen, flags);
+      if (r >= 0) return r;
+      last = -r;
+      return -1;
+    },
+    errno: () => last,
+    calls: 'addon',
+  };
 }
 
 let libc: Libc | undefined;
@@ -104,22 +143,28 @@ function loadLibc(): Libc | undefined {
     const recv = lib.func('intptr_t recv(int fd, _Out_ void *buf, size_t len, int flags)') as Libc['recv'];
     const close = lib.func('int close(int fd)') as Libc['close'];
     stage = 'sendmmsg/recvmmsg/dup in libc.so.6';
-    const batch: BatchIoFfi = {
-      sendmmsg: lib.func('int sendmmsg(int fd, void *msgvec, unsigned int vlen, int flags)') as BatchIoFfi['sendmmsg'],
-      recvmmsg: lib.func('int recvmmsg(int fd, void *msgvec, unsigned int vlen, int flags, void *timeout)') as BatchIoFfi['recvmmsg'],
+    const sendmmsg = lib.func('int sendmmsg(int fd, void *msgvec, unsigned int vlen, int flags)') as BatchIoFfi['sendmmsg'];
+    const recvmmsg = lib.func('int recvmmsg(int fd, void *msgvec, unsigned int vlen, int flags, void *timeout)') as BatchIoFfi['recvmmsg'];
+    const batchKoffi: BatchIoFfi = {
+      sendmmsg,
+      recvmmsg,
+      errno: () => koffi.errno(),
+      calls: 'koffi',
       dup: lib.func('int dup(int fd)') as BatchIoFfi['dup'],
       close,
-      errno: () => koffi.errno(),
       alloc: (bytes) => {
         const view = new ArrayBuffer(bytes);
         return { address: koffi.address(new Uint8Array(view)), view };
       },
       poll: (fd, opts, cb) => koffi.node.poll(fd, opts, cb) as PollHandle,
     };
+    // The same, with the addon's two system calls where it has them.
+    const batch: BatchIoFfi = { ...batchKoffi, ...mmsgCalls(sendmmsg, recvmmsg, batchKoffi.errno, icrcAddon) };
     const names = new Map<number, string>();
     for (const [name, n] of Object.entries(koffi.os.errno)) if (!names.has(n)) names.set(n, name);
     libc = {
       batch,
+      batchKoffi,
       setsockopt,
       getsockopt,
       socket,
@@ -135,9 +180,13 @@ function loadLibc(): Libc | undefined {
   return libc;
 }
 
-/** The calls of the batched datagram path, or undefined where the FFI does not load. */
-export function batchIoFfi(): BatchIoFfi | undefined {
-  return loadLibc()?.batch;
+/**
+ * The calls of the batched datagram path, or undefined where the FFI does not load: `sendmmsg` and
+ * `recvmmsg` the addon's where it has them (`calls: 'addon'`), unless `calls` asks for koffi's.
+ */
+export function batchIoFfi(calls: 'addon' | 'koffi' = 'addon'): BatchIoFfi | undefined {
+  const l = loadLibc();
+  return calls === 'koffi' ? l?.batchKoffi : l?.batch;
 }
 
 /** Whether the FFI is usable on this machine; loads it on first call. */

@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mmsg.h"
 #include "watch.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -710,5 +711,6 @@ NAPI_MODULE_INIT() {
 #endif
   napi_set_named_property(env, exports, "clmul", accel);
   roce_watch_init(env, exports);
+  roce_mmsg_init(env, exports);
   return exports;
 }

@@ -1,10 +1,11 @@
 /**
  * The stack's native addon, `src/native/icrc.c`: CRC-32, and the RoCEv2 ICRC of a whole packet, in
- * one call each; and `src/native/watch.c`, a socket's readiness for the batched link. `npm install`
- * builds it with node-gyp (`npm run build:addon` rebuilds it); where that fails (no compiler) the
- * stack runs on the JavaScript ICRC over the fastest CRC-32 package instead, with the same results,
- * and the batched link on koffi's poll. `ROCE_ADDON=0` in the environment leaves it unloaded, for
- * comparisons.
+ * one call each; `src/native/watch.c`, a socket's readiness for the batched link; and
+ * `src/native/mmsg.c`, that link's `sendmmsg` and `recvmmsg`. `npm install` builds it with
+ * node-gyp (`npm run build:addon` rebuilds it); where that fails (no compiler) the stack runs on the
+ * JavaScript ICRC over the fastest CRC-32 package instead, with the same results, and the batched
+ * link on koffi's poll and koffi's calls into libc. `ROCE_ADDON=0` in the environment leaves it
+ * unloaded, for comparisons.
  *
  * This module only loads it. `crc32.ts` and `icrc.ts` each check it against their JavaScript
  * reference when they load, and use it only if it agrees.
@@ -46,6 +47,13 @@ export interface IcrcAddon {
    * node callback scope (microtasks run after each). Absent from a build older than that file.
    */
   watch?(fd: number, read: () => void, answer: () => void): { close(): void };
+  /**
+   * `src/native/mmsg.c`, on Linux: `sendmmsg(2)` and `recvmmsg(2)` (no timeout) over a vector of
+   * `struct mmsghdr` in `vec`, returning the count or -errno. Absent elsewhere and from a build
+   * older than that file.
+   */
+  sendmmsg?(fd: number, vec: Uint8Array, vlen: number, flags: number): number;
+  recvmmsg?(fd: number, vec: Uint8Array, vlen: number, flags: number): number;
 }
 
 /** Where node-gyp leaves the addon, from this file in `src/wire` or in `dist/src/wire`. */

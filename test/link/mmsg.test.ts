@@ -70,6 +70,7 @@ function fakeFfi(script: (vlen: number) => { r: number; errno?: number }) {
     poll: () => {
       throw new Error('not used');
     },
+    calls: 'koffi',
   };
   return { ffi, calls };
 }

@@ -374,9 +374,12 @@ t.test('send paths: a burst from reused header memory arrives intact, ICRC stric
   }
 });
 
-t.test('batched path, GSO trains: a burst of equal-size datagrams arrives intact and in order, segment k with IPv4 ID k', async (t) => {
-  const a = await open('127.0.0.1');
-  const b = await open('127.0.0.1'); // recover: the receiver cannot see the IDs, the ICRC tells them
+// Both ways of making the two system calls (UdpLinkOptions.calls): the addon's and koffi's.
+for (const calls of ['addon', 'koffi'] as const) t.test(`batched path, GSO trains (${calls}'s sendmmsg and recvmmsg): a burst of equal-size datagrams arrives intact and in order, segment k with IPv4 ID k`, async (t) => {
+  const a = await open('127.0.0.1', { calls });
+  const b = await open('127.0.0.1', { calls }); // recover: the receiver cannot see the IDs, the ICRC tells them
+  t.equal(a.startup.calls, calls, 'the sender makes the calls asked for');
+  t.equal(b.startup.calls, calls, 'the receiver too');
   const got = recorder(b);
   const rng = new Xorshift32(11);
   const n = 40; // trains of up to 15 at 4112 bytes (64 KiB each), then a short tail

@@ -6,6 +6,7 @@
  * to each other where the captures do not reach.
  */
 import { spawnSync } from 'node:child_process';
+import { readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { Worker } from 'node:worker_threads';
 import t from 'tap';
@@ -45,6 +46,23 @@ t.test('the addon is built, loaded and used', async (t) => {
   t.ok(icrcAddon, `the addon loads (${addonMissing ?? 'loaded'}); npm run build:addon builds it`);
   t.equal(icrcImplementation, 'addon', 'it agreed with the JavaScript ICRC at load');
   t.equal(crc32Name, 'addon', 'and it is the CRC-32 the stack uses');
+});
+
+// What `npm install` of the published package compiles is what its `files` ship: every source the
+// binding names, and every header those include. A file left out fails the build there, and the
+// stack then runs without the addon.
+t.test('the package ships every source and header the addon is built from', (t) => {
+  const native = fileURLToPath(new URL('../../../src/native/', import.meta.url));
+  const gyp = JSON.parse(readFileSync(`${native}binding.gyp`, 'utf8')) as { targets: { sources: string[] }[] };
+  const sources = gyp.targets.flatMap((x) => x.sources);
+  const headers = [...new Set(sources.flatMap((f) => [...readFileSync(`${native}${f}`, 'utf8').matchAll(/^#include "([^"]+)"/gm)].map((m) => m[1]!)))];
+  t.ok(sources.length >= 3 && headers.length >= 2, `sources ${sources.join(', ')}; headers ${headers.join(', ')}`);
+  const root = fileURLToPath(new URL('../../../', import.meta.url));
+  const r = spawnSync('npm', ['pack', '--dry-run', '--json', '--ignore-scripts'], { cwd: root, encoding: 'utf8', timeout: 60_000 });
+  t.equal(r.status, 0, `npm pack --dry-run ran (${r.stderr.slice(0, 200)})`);
+  const packed = new Set((JSON.parse(r.stdout) as { files: { path: string }[] }[])[0]!.files.map((f) => f.path));
+  for (const f of ['binding.gyp', ...sources, ...headers]) t.ok(packed.has(`src/native/${f}`), `src/native/${f} is in the package`);
+  t.end();
 });
 
 const addon = icrcAddon;
