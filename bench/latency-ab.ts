@@ -4,7 +4,8 @@
  * CPU 0, ponger on CPU 1, as `latency.bench.ts` places them), then the `dgram` ping-pong of 64-byte
  * datagrams, so the two builds and the baseline see the same moment of a shared machine. Prints each
  * tree's median RTT, the median of the per-round B/A ratios, and each tree's median ratio to the
- * `dgram` round trip of its round.
+ * `dgram` round trip of its round; then the two sides' CPU time per round trip (user + system), which
+ * another process's load moves far less than the round trip, paired the same way.
  *
  *   node dist/bench/latency-ab.js OLD_TREE NEW_TREE [--rounds 8] [--modes SEND,WRITE,WRITE_WITH_IMM] [--ms 2000]
  *
@@ -16,7 +17,7 @@ import { resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { parseArgs } from 'node:util';
 import { median } from './harness.js';
-import type { LatMode, LatResult } from './latency.bench.js';
+import type { LatMode, LatResult, PongResult } from './latency.bench.js';
 import type { ProcGroup } from './procs.js';
 
 /** Message sizes that make the request datagram 64 bytes, as in `latency.bench.ts`. */
@@ -45,6 +46,8 @@ async function main(): Promise<void> {
   }
   const timeoutMs = 20_000 + 3 * windowMs;
   const rtt = new Map<LatMode, number[][]>(modes.map((m) => [m, [[], []]]));
+  // Both sides' CPU time per round trip (NaN from a tree whose workloads do not report it).
+  const cpu = new Map<LatMode, number[][]>(modes.map((m) => [m, [[], []]]));
   const dgram: number[] = [];
   try {
     for (let r = 0; r < rounds; r++) {
@@ -52,10 +55,11 @@ async function main(): Promise<void> {
         for (let t = 0; t < 2; t++) {
           const args = { mode, size: SIZE[mode], warmup: WARMUP, windowMs, maxSamples: 2_000_000 };
           const out = await groups[t]!.round(
-            { tx: { workload: 'latPinger', args }, rx: { workload: 'latPonger', primary: false, args: { ...args, warmup: 0, maxSamples: 0 } } },
+            { tx: { workload: 'latPinger', args }, rx: { workload: 'latPonger', primary: false, args: { ...args, warmup: 0, maxSamples: 0, cpuAfter: WARMUP } } },
             { timeoutMs },
           );
           rtt.get(mode)![t]!.push((out['tx'] as LatResult).medianUs);
+          cpu.get(mode)![t]!.push(((out['tx'] as LatResult).cpuUs ?? NaN) + ((out['rx'] as PongResult).cpuUs ?? NaN));
         }
       }
       const out = await groups[1]!.round(
@@ -78,6 +82,14 @@ async function main(): Promise<void> {
       `| ${mode} ${SIZE[mode]} B | ${median(a).toFixed(1)} → ${median(b).toFixed(1)} | ${median(pairs).toFixed(3)} | ` +
         `${toDgram(a)} → ${toDgram(b)} | ${pairs.map((x) => x.toFixed(2)).join(' ')} |`,
     );
+  }
+  console.log('');
+  console.log('| case | CPU µs per round trip, both sides, A → B | paired B/A | B/A round by round |');
+  console.log('|---|---|---|---|');
+  for (const mode of modes) {
+    const [a, b] = cpu.get(mode)! as [number[], number[]];
+    const pairs = a.map((x, i) => b[i]! / x);
+    console.log(`| ${mode} ${SIZE[mode]} B | ${median(a).toFixed(1)} → ${median(b).toFixed(1)} | ${median(pairs).toFixed(3)} | ${pairs.map((x) => x.toFixed(2)).join(' ')} |`);
   }
 }
 

@@ -45,6 +45,8 @@ interface LatArgs {
   warmup: number;
   windowMs: number;
   maxSamples: number;
+  /** The ponger: echoes before its CPU time is counted (the pinger's warmup). */
+  cpuAfter?: number;
 }
 interface LatInfo extends QpInfo {
   rkey: number;
@@ -54,6 +56,16 @@ export interface LatResult {
   n: number;
   medianUs: number;
   p99Us: number;
+  /**
+   * The pinger's CPU time (user + system) per round trip of the timed window, µs: steadier than the
+   * round trip on a shared machine, where another process delays a side but does not add to its CPU.
+   */
+  cpuUs?: number;
+}
+/** The ponger's answer: messages echoed, and its CPU time per echo after `cpuAfter` of them, µs. */
+export interface PongResult {
+  echoed: number;
+  cpuUs?: number;
 }
 
 /** One side of the exchange: its device, QP, buffer, and how to send and wait for one message. */
@@ -142,6 +154,7 @@ const latPinger: Workload = async (args: LatArgs, ctx: ChildContext): Promise<La
       progress++;
     }
     const tEnd = performance.now() + args.windowMs;
+    const c0 = process.cpuUsage();
     for (;;) {
       seq = nextSeq(seq);
       const t0 = performance.now();
@@ -152,9 +165,10 @@ const latPinger: Workload = async (args: LatArgs, ctx: ChildContext): Promise<La
       progress++;
       if (t1 >= tEnd || n === args.maxSamples) break;
     }
+    const c = process.cpuUsage(c0);
     const v = Array.from(rtts.subarray(0, n)).sort((a, b) => a - b);
     const q = (x: number): number => v[Math.min(v.length - 1, Math.floor(x * v.length))] ?? NaN;
-    return { n, medianUs: q(0.5), p99Us: q(0.99) };
+    return { n, medianUs: q(0.5), p99Us: q(0.99), cpuUs: (c.user + c.system) / n };
   } catch (e) {
     throw stall.signal.aborted ? new Error(`${args.mode} ping-pong: no answer for 5 s`) : e;
   } finally {
@@ -163,11 +177,13 @@ const latPinger: Workload = async (args: LatArgs, ctx: ChildContext): Promise<La
   }
 };
 
-const latPonger: Workload = async (args: LatArgs, ctx: ChildContext): Promise<{ echoed: number }> => {
+const latPonger: Workload = async (args: LatArgs, ctx: ChildContext): Promise<PongResult> => {
   const ac = new AbortController();
   void ctx.stopped.then(() => ac.abort());
   const p = await setUp(args, ctx, 'rx', ac.signal);
   let echoed = 0;
+  const cpuAfter = args.cpuAfter ?? 0;
+  let c0 = cpuAfter === 0 ? process.cpuUsage() : undefined;
   try {
     let seq = 0;
     while (!ctx.isStopped()) {
@@ -179,11 +195,13 @@ const latPonger: Workload = async (args: LatArgs, ctx: ChildContext): Promise<{ 
         throw e;
       }
       p.send(seq);
-      echoed++;
+      if (++echoed === cpuAfter) c0 = process.cpuUsage();
     }
+    // Read when the stop ends the wait: what it costs once is nothing spread over the echoes.
+    const c = c0 !== undefined ? process.cpuUsage(c0) : undefined;
     // Let the last answer leave before the device closes.
     await yieldTurn();
-    return { echoed };
+    return { echoed, ...(c !== undefined && echoed > cpuAfter ? { cpuUs: (c.user + c.system) / (echoed - cpuAfter) } : {}) };
   } finally {
     await closeSide(p.side);
   }
@@ -247,11 +265,11 @@ export async function run(opts: SuiteOptions): Promise<BenchRow[]> {
     timeoutMs: 15_000 + 3 * windowMs,
     tasks: {
       tx: { workload: 'latPinger', args: { mode: c.mode, size: c.size, warmup, windowMs, maxSamples: 200_000 } satisfies LatArgs },
-      rx: { workload: 'latPonger', primary: false, args: { mode: c.mode, size: c.size, warmup: 0, windowMs, maxSamples: 0 } satisfies LatArgs },
+      rx: { workload: 'latPonger', primary: false, args: { mode: c.mode, size: c.size, warmup: 0, windowMs, maxSamples: 0, cpuAfter: warmup } satisfies LatArgs },
     },
     measure: (r) => {
       const p = r['tx'] as LatResult;
-      return { median: p.medianUs, p99: p.p99Us, n: p.n };
+      return { median: p.medianUs, p99: p.p99Us, n: p.n, cpu: (p.cpuUs ?? NaN) + ((r['rx'] as PongResult).cpuUs ?? NaN) };
     },
   }));
   let noted = false;
@@ -284,7 +302,12 @@ export async function run(opts: SuiteOptions): Promise<BenchRow[]> {
       // The median of the rounds' own ratios: the baseline ran just before this case in each round.
       const perRound = base.error === undefined ? pairedRatios(o.rounds, base.rounds, stat) : [];
       rows.push(row.ratio !== undefined && perRound.length > 0 ? { ...row, ratio: median(perRound) } : row);
-      if (stat === 'median') opts.log?.(`${latRowName(c, 'median')}: ${Math.round(o.medians['n']!)} round trips per round; over the baseline, round by round: ${perRound.map((x) => x.toFixed(2)).join(' ')}`);
+      if (stat === 'median') {
+        opts.log?.(
+          `${latRowName(c, 'median')}: ${Math.round(o.medians['n']!)} round trips per round; CPU ${o.medians['cpu']!.toFixed(1)} µs per round trip, ` +
+            `both sides; over the baseline, round by round: ${perRound.map((x) => x.toFixed(2)).join(' ')}`,
+        );
+      }
     }
   });
   return rows;
