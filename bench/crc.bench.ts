@@ -16,7 +16,9 @@ import {
   icrcImplementation,
   icrcJs,
   verifyIcrc,
+  verifyIcrc4,
   verifyIcrc6,
+  Ipv4IcrcKey,
   Ipv6IcrcKey,
   IcrcFlowKey,
   readIcrc,
@@ -118,6 +120,7 @@ function icrcRows(m: MeasureOptions): BenchRow[] {
     const parts = [payload.subarray(0, 12), payload.subarray(12, 12 + mtu)];
     const six: UdpDatagramInfo = { family: 6, srcAddr: filled(16, 6), dstAddr: filled(16, 7), srcPort: 0xc121, dstPort: 4791, ipId: 0, ipFlagsFrag: 0x4000 };
     const key6 = new Ipv6IcrcKey(six.srcAddr, six.dstAddr);
+    const key4 = new Ipv4IcrcKey(socket.srcAddr, socket.dstAddr);
     const flowKey = new IcrcFlowKey(known);
     if (flowKey.icrc(0x24b0, payload) !== icrcOfUdpPayload(known, payload)) throw new Error('IcrcFlowKey disagrees with icrcOfUdpPayload');
     // The same packet with the ICRC an IPv6 sender computes: checked against `six`, it passes (with the
@@ -142,6 +145,7 @@ function icrcRows(m: MeasureOptions): BenchRow[] {
     trainsKey.trains(txRing.bytes, Int32Array.of(0, udpLen, udpLen), 0, 1);
     if (readIcrc(txRing.bytes.subarray(0, udpLen)) !== flowKey.icrc(0, txRing.bytes.subarray(0, udpLen))) throw new Error('IcrcFlowKey.trains disagrees with IcrcFlowKey.icrc');
     if (verifyIcrc(socket, payload, 'recover') !== ICRC_RECOVERED) throw new Error('verifyIcrc does not recover the bench packet');
+    if (verifyIcrc4(socket, key4, payload, 'recover') !== ICRC_RECOVERED) throw new Error('verifyIcrc4 does not recover the bench packet');
     // The batched receive path (UdpLink's RxRing): every datagram of a recvmmsg batch judged in one call
     // (`verifyReceived`), 16 to a batch, the verdicts read back one per datagram as the delivery does.
     // Before, one call per datagram: the `verifyIcrc` and `verifyIcrc6` rows.
@@ -181,8 +185,10 @@ function icrcRows(m: MeasureOptions): BenchRow[] {
       { name: `MTU ${mtu}: IcrcFlowKey.icrc (one buffer, dgram send path)`, op: () => flowKey.icrc(0x24b0, payload) },
       { name: `MTU ${mtu}: icrcOfUdpPayload of a fresh view of the ring`, op: () => icrcOfUdpPayload(known, new Uint8Array(txRing.bytes.buffer, udpLen, udpLen)) },
       { name: `MTU ${mtu}: icrcOfParts [bth, payload] (dgram scatter path)`, op: () => icrcOfParts(known, parts, udpLen) },
-      // The receive path (UdpLink.accept): `verifyIcrc`, recover mode, the ID recovered.
-      { name: `MTU ${mtu}: verifyIcrc recover, ID recovered (receive path)`, op: () => verifyIcrc(socket, payload, 'recover') },
+      // `verifyIcrc`, recover mode, the ID recovered: the IPv4 check of one datagram from its info alone.
+      { name: `MTU ${mtu}: verifyIcrc recover, ID recovered`, op: () => verifyIcrc(socket, payload, 'recover') },
+      // The IPv4 receive path (UdpLink.accept): the same with the peer's key words.
+      { name: `MTU ${mtu}: verifyIcrc4 recover, the peer's key words, ID recovered (IPv4 receive path)`, op: () => verifyIcrc4(socket, key4, payload, 'recover') },
       // Strict with the right ID vs recover with the ID hidden: the same CRC work plus the recovery step.
       { name: `MTU ${mtu}: checkIcrc strict IPv4`, op: () => (checkIcrc(known, payload, 'strict').status === 'ok' ? 1 : 0) },
       { name: `MTU ${mtu}: checkIcrc strict IPv6`, op: () => (checkIcrc(six, payload6, 'strict').status === 'ok' ? 1 : 0) },

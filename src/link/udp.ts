@@ -60,8 +60,8 @@ import dgram, { type RemoteInfo, type Socket } from 'node:dgram';
 import { once } from 'node:events';
 import { randomBytes } from 'node:crypto';
 import {
-  checkIcrcOfIpDatagram, ICRC_BAD, ICRC_LEN, ICRC_UNCHECKED, icrcOfParts, icrcOfUdpPayload, IcrcFlowKey, Ipv6IcrcKey, MIN_ICRC_PAYLOAD, verified, verifyIcrc,
-  verifyIcrc6, receivedIpId, receivedVerdict, verifyReceived, writeIcrc,
+  checkIcrcOfIpDatagram, ICRC_BAD, ICRC_LEN, ICRC_UNCHECKED, icrcOfParts, icrcOfUdpPayload, IcrcFlowKey, Ipv4IcrcKey, Ipv6IcrcKey, MIN_ICRC_PAYLOAD, verified,
+  verifyIcrc4, verifyIcrc6, receivedIpId, receivedVerdict, verifyReceived, writeIcrc,
   type IcrcMode, type IcrcStatus, type UdpDatagramInfo,
 } from '../wire/icrc.js';
 import { formatIpAddress, parseIpAddress } from '../wire/frame.js';
@@ -325,6 +325,9 @@ export class UdpLink implements WireLink {
    */
   private rxKey6: Ipv6IcrcKey | undefined;
   private rxKey6Peer: PeerAddress | undefined;
+  /** The same for IPv4 (`verifyIcrc4`): the key words of the flow from `rxKey4Peer` to this link. */
+  private rxKey4: Ipv4IcrcKey | undefined;
+  private rxKey4Peer: PeerAddress | undefined;
   /** The key words of the last send's flow (`icrcKey`): its destination address array and ports. */
   private txKey: IcrcFlowKey | undefined;
   private txKeyAddr: Uint8Array | undefined;
@@ -1029,7 +1032,7 @@ export class UdpLink implements WireLink {
     }
   }
 
-  /** The ICRC check of one datagram (`verifyIcrc`, or `verifyIcrc6` with the last peer's key words). */
+  /** The ICRC check of one datagram: `verifyIcrc4` or `verifyIcrc6`, with the last peer's key words. */
   private verify(datagram: Uint8Array, src: PeerAddress, localPort: number, srcAddr: Uint8Array, idGuess: number): number {
     const info = this.info;
     info.srcAddr = srcAddr;
@@ -1049,7 +1052,14 @@ export class UdpLink implements WireLink {
       }
       v = verifyIcrc6(info, key, datagram, this.opts.icrcVerify);
     } else {
-      v = verifyIcrc(info, datagram, this.opts.icrcVerify);
+      // IPv4 (`addressBytes` gives only the link's own family): the same, with its two words.
+      let key = this.rxKey4;
+      if (key === undefined || this.rxKey4Peer !== src) {
+        if (key === undefined) key = this.rxKey4 = new Ipv4IcrcKey(srcAddr, this.localAddr);
+        else key.set(srcAddr, this.localAddr);
+        this.rxKey4Peer = src;
+      }
+      v = verifyIcrc4(info, key, datagram, this.opts.icrcVerify);
     }
     info.ipId = 0;
     return v;

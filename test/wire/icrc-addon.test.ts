@@ -14,6 +14,8 @@ import { addonMissing, icrcAddon } from '../../src/wire/addon.js';
 import { crc32Bitwise, crc32Name } from '../../src/wire/crc32.js';
 import {
   ICRC_BAD,
+  ICRC_RECOVERED,
+  ICRC_UNCHECKED,
   icrcImplementation,
   icrcJs,
   icrcOfParts,
@@ -22,7 +24,9 @@ import {
   recoverIpv4Id,
   verified,
   verifyIcrc,
+  verifyIcrc4,
   verifyIcrc6,
+  Ipv4IcrcKey,
   Ipv6IcrcKey,
   IcrcFlowKey,
   receivedIpId,
@@ -207,6 +211,54 @@ t.test('verifyIcrc6 with a flow\'s key words gives verifyIcrc\'s verdicts; a key
   if (icrcImplementation === 'addon') t.equal(staleOk, 0, 'the key words, not the info\'s addresses, are what the addon checks');
   else t.equal(staleOk, good, 'without the addon the JavaScript checks the info\'s addresses');
   t.throws(() => new Ipv6IcrcKey(new Uint8Array(4), new Uint8Array(16)), RangeError, 'IPv6 addresses only');
+});
+
+t.test('verifyIcrc4 with a flow\'s key words gives verifyIcrc\'s verdicts, IDs and DF; a key for other addresses fails good packets', async (t) => {
+  const rnd = xorshift32(0x4c4c);
+  // One key set to each flow's addresses in turn, as UdpLink's when its peer changes.
+  const reused = new Ipv4IcrcKey(new Uint8Array(4), new Uint8Array(4));
+  let differ = 0;
+  let good = 0;
+  let recovered = 0;
+  let n = 0;
+  const other = randomInfo(rnd, 4);
+  const stale = new Ipv4IcrcKey(other.srcAddr, other.dstAddr);
+  let staleOk = 0;
+  for (let k = 0; k < 800; k++) {
+    const sender = randomInfo(rnd, 4);
+    const key = new Ipv4IcrcKey(sender.srcAddr, sender.dstAddr);
+    reused.set(sender.srcAddr, sender.dstAddr);
+    const len = MIN_ICRC_PAYLOAD + (rnd() % 3000);
+    const p = randomBytes(rnd, len);
+    writeIcrc(p, icrcJs.icrcOfUdpPayload(sender, p));
+    const what = rnd() % 4;
+    const at = rnd() % (len - 4);
+    if (what === 1) p[at] = p[at]! ^ (1 << (rnd() & 7)); // a covered byte
+    if (what === 2) p[4] = p[4]! ^ 0xc0; // FECN/BECN: masked, still good
+    // The receiver guesses an ID (a UDP socket cannot see it) or knows it, and assumes DF or not.
+    const receiver: UdpDatagramInfo = { ...sender, ipId: what === 3 ? (sender.ipId ?? 0) : rnd() & 0xffff, ipFlagsFrag: rnd() & 1 ? 0x4000 : 0 };
+    for (const mode of ['strict', 'recover', 'off'] as IcrcMode[]) {
+      const want = icrcJs.verifyIcrc(receiver, p, mode);
+      const wantOut = { ...verified };
+      n++;
+      for (const kw of [key, reused]) {
+        const got = verifyIcrc4(receiver, kw, p, mode);
+        if (got !== want || (got !== ICRC_BAD && got !== ICRC_UNCHECKED && (verified.ipId !== wantOut.ipId || verified.dontFragment !== wantOut.dontFragment))) differ++;
+      }
+      if (mode === 'recover' && want === ICRC_RECOVERED) recovered++;
+      if (mode === 'strict' && want !== ICRC_BAD) {
+        good++;
+        if (verifyIcrc4(receiver, stale, p, mode) !== ICRC_BAD) staleOk++;
+      }
+    }
+  }
+  t.equal(differ, 0, `${n} verdicts, each with two keys`);
+  t.ok(good > 50, `good packets: ${good}`);
+  t.ok(recovered > 100, `IDs recovered: ${recovered}`);
+  if (icrcImplementation === 'addon') t.equal(staleOk, 0, 'the key words, not the info\'s addresses, are what the addon checks');
+  else t.equal(staleOk, good, 'without the addon the JavaScript checks the info\'s addresses');
+  t.throws(() => new Ipv4IcrcKey(new Uint8Array(16), new Uint8Array(4)), RangeError, 'IPv4 addresses only');
+  t.equal(verifyIcrc4(randomInfo(rnd, 4), stale, new Uint8Array(MIN_ICRC_PAYLOAD - 1), 'recover'), ICRC_BAD, 'shorter than BTH + ICRC: bad, no throw');
 });
 
 t.test('IcrcFlowKey computes icrcOfUdpPayload\'s ICRC from its key words, not from the info it was built from', async (t) => {
