@@ -17,6 +17,7 @@ import * as dcqcn from './dcqcn.bench.js';
 import * as latency from './latency.bench.js';
 import * as qpscale from './qpscale.bench.js';
 import * as rc from './rc.bench.js';
+import { formatVerdicts, judgeTargets } from './targets.js';
 
 interface SuiteOptions {
   quick: boolean;
@@ -55,6 +56,8 @@ for (const s of SUITES) {
   }
   console.log(`(${((performance.now() - t0) / 1000).toFixed(1)} s)`);
 }
+// Judged on this run alone: one run on a shared machine says what held then, not what holds reliably.
+console.log(`\n## Targets, in this run\n\n${formatVerdicts(judgeTargets(all))}`);
 const num = (x: number | undefined): number | null => (x === undefined || !Number.isFinite(x) ? null : x);
 if (values.json) {
   writeFileSync(values.json, JSON.stringify(all.map((r) => ({ name: r.name, value: num(r.value), unit: r.unit, baseline: r.baseline ?? null, ratio: num(r.ratio) })), null, 2) + '\n');
