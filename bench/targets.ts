@@ -35,7 +35,7 @@ export const TARGETS: readonly Target[] = [
 export interface TargetVerdict {
   target: Target;
   /** The rows read, each with its figure and whether it keeps the bound (undefined: no figure). */
-  rows: { name: string; figure: number | undefined; met: boolean | undefined }[];
+  rows: { name: string; unit: string; figure: number | undefined; met: boolean | undefined }[];
   /** false when a row misses the bound; else undefined when a row has no figure (or none matches); else true. */
   met: boolean | undefined;
 }
@@ -54,7 +54,7 @@ export function judgeTargets(rows: readonly BenchRow[], targets: readonly Target
       .map((r) => {
         const x = target.figure === 'ratio' ? r.ratio : r.value;
         const figure = x !== undefined && Number.isFinite(x) ? x : undefined;
-        return { name: r.name, figure, met: figure === undefined ? undefined : keeps(target.bound, figure) };
+        return { name: r.name, unit: r.unit, figure, met: figure === undefined ? undefined : keeps(target.bound, figure) };
       });
     // A row that misses the bound decides; otherwise a row without a figure leaves the target open
     // (judged on what was measured, it could still miss), and it is listed.
@@ -65,21 +65,24 @@ export function judgeTargets(rows: readonly BenchRow[], targets: readonly Target
   });
 }
 
-function fmt(x: number, unit: string): string {
-  return unit === 'B' ? `${Math.round(x)} B` : x.toFixed(2);
+/** A ratio to two decimals; a value as the row gives it, in the row's unit. */
+function fmt(x: number, figure: Target['figure'], unit: string): string {
+  return figure === 'ratio' ? x.toFixed(2) : `${Math.round(x)} ${unit}`;
 }
 
 /** The verdicts as lines: one per target, then the rows that miss it or have no figure. */
 export function formatVerdicts(verdicts: readonly TargetVerdict[]): string {
   const lines: string[] = [];
   for (const v of verdicts) {
-    const unit = v.target.figure === 'value' ? 'B' : '';
-    const figures = v.rows.filter((r) => r.figure !== undefined).map((r) => r.figure!);
-    const range = figures.length === 0 ? 'no figure' : `${fmt(Math.min(...figures), unit)}–${fmt(Math.max(...figures), unit)} over ${figures.length} rows`;
+    const f = v.target.figure;
+    const judged = v.rows.filter((r) => r.figure !== undefined);
+    const lo = judged.reduce((a, r) => (r.figure! < a.figure! ? r : a), judged[0]!);
+    const hi = judged.reduce((a, r) => (r.figure! > a.figure! ? r : a), judged[0]!);
+    const range = judged.length === 0 ? 'no figure' : `${fmt(lo.figure!, f, lo.unit)}–${fmt(hi.figure!, f, hi.unit)} over ${judged.length} row${judged.length === 1 ? '' : 's'}`;
     const word = v.met === true ? 'met    ' : v.met === false ? 'MISSED ' : 'UNKNOWN';
     lines.push(`${word} ${v.target.name}: ${range}`);
     for (const r of v.rows) {
-      if (r.met === false) lines.push(`          ${r.name}: ${fmt(r.figure!, unit)}`);
+      if (r.met === false) lines.push(`          ${r.name}: ${fmt(r.figure!, f, r.unit)}`);
       else if (r.met === undefined) lines.push(`          ${r.name}: no figure`);
     }
     if (v.rows.length === 0) lines.push('          no row of this run matches');

@@ -95,9 +95,10 @@ t.test('a failed or missing row is never a pass', (t) => {
   t.equal(verdictOf([heap(4095)], '< 4 KiB').met, true);
   t.equal(verdictOf([heap(4096)], '< 4 KiB').met, false);
   const text = formatVerdicts(judgeTargets([write(2), big(NaN), heap(5000)]));
-  t.match(text, /^UNKNOWN RC WRITE .*: 2\.00–2\.00 over 1 rows$/m);
+  t.match(text, /^UNKNOWN RC WRITE .*: 2\.00–2\.00 over 1 row$/m);
   t.match(text, /^ +rc WRITE 1 MiB mtu 4096: goodput: no figure$/m);
-  t.match(text, /^MISSED  < 4 KiB .*: 5000 B–5000 B over 1 rows$/m);
+  t.match(text, /^MISSED  < 4 KiB .*: 5000 B–5000 B over 1 row$/m);
+  t.match(text, /^ +qpscale 100 RC QPs: heap per idle QP: 5000 B$/m);
   t.match(text, /^UNKNOWN ping-pong .*: no figure\n +no row of this run matches$/m);
   t.end();
 });
